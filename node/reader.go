@@ -1,0 +1,18 @@
+package node
+
+import "context"
+
+// Reader reads the facts of the node it runs on.
+type Reader interface {
+	Read(ctx context.Context) (*Facts, error)
+}
+
+// Static is a Reader of fixed facts: simulated nodes, facts from a file.
+type Static struct{ Facts *Facts }
+
+// Read returns a copy of the fixed facts.
+func (s Static) Read(context.Context) (*Facts, error) {
+	f := *s.Facts
+	f.GPUs = append([]GPU(nil), s.Facts.GPUs...)
+	return &f, nil
+}
