@@ -1,0 +1,192 @@
+package images
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/gpupin/gpupin/node"
+)
+
+// Outcomes of a plan.
+const (
+	OutcomeReady       = "ready-to-provision"
+	OutcomeNone        = "none"
+	OutcomeUnsupported = "unsupported"
+	OutcomeNoCandidate = "no-candidate"
+)
+
+// Plan is what a node would get from a reference, and why.
+type Plan struct {
+	Ref        string      `json:"ref"`
+	Node       *node.Facts `json:"node"`
+	Simulated  bool        `json:"simulated"`
+	Override   string      `json:"override"`
+	Candidates []Candidate `json:"candidates"`
+	Rejected   []Rejection `json:"rejected"`
+	Outcome    string      `json:"outcome"`
+	Detail     string      `json:"detail,omitempty"`
+}
+
+// Candidate is a variant to try, in order.
+type Candidate struct {
+	Variant  string `json:"variant"`
+	CUDA     string `json:"cuda"`
+	Ref      string `json:"ref"`
+	Platform string `json:"platform"`
+	Derived  bool   `json:"derived"`
+	// Warning is set on a forced variant that auto would have rejected.
+	Warning string   `json:"warning,omitempty"`
+	Meta    Metadata `json:"-"`
+}
+
+// Rejection says why a variant is not a candidate, in words a person can act on.
+type Rejection struct {
+	Variant  string `json:"variant"`
+	Platform string `json:"platform,omitempty"`
+	Reason   string `json:"reason"`
+}
+
+// Choose picks the candidates for a node. For an image override, the caller
+// resolves the override's reference and passes its set: the operator's
+// image still has to suit the node, and is still probed.
+func Choose(f *node.Facts, set *Set, ov Override) *Plan {
+	p := &Plan{Ref: set.Ref, Node: f, Simulated: f.Simulated, Override: ov.String(),
+		Candidates: []Candidate{}, Rejected: []Rejection{}}
+	if !f.Supported() {
+		p.Outcome, p.Detail = OutcomeUnsupported, "unsupported: "+f.Unsupported
+		return p
+	}
+	if ov.Kind == OverrideNone {
+		p.Outcome, p.Detail = OutcomeNone, "override is none: this node does not run this engine"
+		return p
+	}
+	var onPlatform []Variant
+	seen := map[string]bool{}
+	for _, v := range set.Variants {
+		if PlatformMatches(v.Platform, f.Platform) {
+			onPlatform = append(onPlatform, v)
+			seen[v.Variant] = true
+		}
+	}
+	for _, v := range set.Variants {
+		if !seen[v.Variant] {
+			seen[v.Variant] = true
+			p.Rejected = append(p.Rejected, Rejection{Variant: v.Variant, Platform: v.Platform,
+				Reason: fmt.Sprintf("%s is published for %s only, not for this node's %s", v.Variant, platformsOf(set, v.Variant), f.Platform)})
+		}
+	}
+
+	if ov.Kind == OverrideVariant {
+		for _, v := range onPlatform {
+			if v.Variant == ov.Variant {
+				c := candidate(v)
+				if reason := Reject(f, v); reason != "" {
+					c.Warning = "forced by override; auto would reject it: " + reason
+				}
+				p.Candidates = append(p.Candidates, c)
+				break
+			}
+		}
+		if len(p.Candidates) == 0 {
+			p.Outcome = OutcomeNoCandidate
+			p.Detail = fmt.Sprintf("override %s: no such variant for %s under %s; published: %s", ov.Variant, f.Platform, set.Ref, strings.Join(variantNames(onPlatform), ", "))
+			return p
+		}
+		p.Outcome = OutcomeReady
+		return p
+	}
+
+	for _, v := range onPlatform {
+		if reason := Reject(f, v); reason != "" {
+			p.Rejected = append(p.Rejected, Rejection{Variant: v.Variant, Platform: v.Platform, Reason: reason})
+			continue
+		}
+		p.Candidates = append(p.Candidates, candidate(v))
+	}
+	// Newest CUDA first; among equals, the publisher's order.
+	sort.SliceStable(p.Candidates, func(i, j int) bool {
+		a, _ := node.ParseVersion(p.Candidates[i].CUDA)
+		b, _ := node.ParseVersion(p.Candidates[j].CUDA)
+		return a.Compare(b) > 0
+	})
+	if len(p.Candidates) == 0 {
+		p.Outcome = OutcomeNoCandidate
+		p.Detail = "no variant of " + set.Ref + " can run on this node"
+		if len(onPlatform) == 0 {
+			p.Detail = fmt.Sprintf("%s has no image for %s", set.Ref, f.Platform)
+		}
+		return p
+	}
+	p.Outcome = OutcomeReady
+	return p
+}
+
+func candidate(v Variant) Candidate {
+	return Candidate{Variant: v.Variant, CUDA: v.CUDA, Ref: v.Ref, Platform: v.Platform, Derived: v.Derived, Meta: v.Metadata}
+}
+
+// Reject returns why a variant cannot run on the node, or "".
+func Reject(f *node.Facts, v Variant) string {
+	nodeCUDA, err := node.ParseVersion(f.CUDA)
+	if err != nil {
+		return fmt.Sprintf("node CUDA version %q unreadable", f.CUDA)
+	}
+	need, err := node.ParseVersion(v.CUDA)
+	if err != nil {
+		return fmt.Sprintf("%s: CUDA version %q unreadable", v.Variant, v.CUDA)
+	}
+	if v.Require != nil {
+		// Derived: the image's own constraints decide, forward-compatibility
+		// branches included.
+		if ok, why := v.Require.Check(f); !ok {
+			return fmt.Sprintf("%s: %s", v.Variant, why)
+		}
+	} else if nodeCUDA.Compare(need) < 0 {
+		return fmt.Sprintf("driver %s supports CUDA %s; %s needs %s: upgrade the driver or use a variant built for CUDA ≤ %s", f.Driver, f.CUDA, v.Variant, v.CUDA, f.CUDA)
+	}
+	if v.DriverMin != "" {
+		have, _ := node.ParseVersion(f.Driver)
+		min, _ := node.ParseVersion(v.DriverMin)
+		if have.Compare(min) < 0 {
+			return fmt.Sprintf("driver %s is older than %s, the lowest %s supports: upgrade the driver", f.Driver, v.DriverMin, v.Variant)
+		}
+	}
+	if v.Archs != "" {
+		archs, err := ParseArchs(v.Archs)
+		if err != nil {
+			return fmt.Sprintf("%s: arch list unreadable: %v", v.Variant, err)
+		}
+		for _, g := range f.GPUs {
+			cc, err := node.ParseCC(g.CC)
+			if err != nil {
+				return fmt.Sprintf("GPU %d: compute capability %q unreadable", g.Index, g.CC)
+			}
+			if !archs.Covers(cc) {
+				return fmt.Sprintf("%s has no kernels for GPU %d (%s, compute capability %s): its archs are %s; use a variant built for %s", v.Variant, g.Index, g.Name, g.CC, archs, g.CC)
+			}
+		}
+	}
+	return ""
+}
+
+func variantNames(vs []Variant) []string {
+	var out []string
+	for _, v := range vs {
+		out = append(out, v.Variant)
+	}
+	if len(out) == 0 {
+		return []string{"(none)"}
+	}
+	return out
+}
+
+func platformsOf(set *Set, variant string) string {
+	var out []string
+	for _, v := range set.Variants {
+		if v.Variant == variant {
+			out = append(out, v.Platform)
+		}
+	}
+	return strings.Join(out, ", ")
+}

@@ -1,0 +1,58 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/gpupin/gpupin/images"
+)
+
+// EngineVariant is one variant of a test engine.
+type EngineVariant struct {
+	Name  string // cu13
+	CUDA  string // 13.0
+	Archs string // 7.5,8.0,9.0+PTX
+	// SimProbe sets GPUPIN_SIM_PROBE in the image: "fail", "hang", "garbled", …
+	SimProbe string
+	Env      []string
+	Layers   []v1.Layer
+	Arch     string // platform architecture, default amd64
+	// NoAnnotations publishes the entry bare, so its metadata is derived.
+	NoAnnotations bool
+}
+
+// PublishEngine pushes one image per variant and an index of them under
+// host/engine:version with gpupin's annotations, plus an alias tag per
+// variant. It returns the index digest.
+func PublishEngine(ctx context.Context, host, engine, version string, variants []EngineVariant) (v1.Hash, error) {
+	var entries []IndexEntry
+	for _, v := range variants {
+		env := append([]string{"CUDA_VERSION=" + v.CUDA + ".0"}, v.Env...)
+		if v.SimProbe != "" {
+			env = append(env, "GPUPIN_SIM_PROBE="+v.SimProbe)
+		}
+		md := images.Metadata{Engine: engine, EngineVersion: version, Variant: v.Name, CUDA: v.CUDA, Archs: v.Archs, Probe: "cuda"}
+		ann := md.Annotations()
+		spec := ImageSpec{Env: env, Arch: v.Arch, Layers: v.Layers, Cmd: []string{"/bin/sh", "-c", "echo engine " + engine + " " + v.Name}}
+		if !v.NoAnnotations {
+			spec.Annotations = ann
+		} else {
+			ann = nil
+		}
+		img, err := Image(spec)
+		if err != nil {
+			return v1.Hash{}, err
+		}
+		arch := v.Arch
+		if arch == "" {
+			arch = "amd64"
+		}
+		entries = append(entries, IndexEntry{Image: img, Annotations: ann, Platform: &v1.Platform{OS: "linux", Architecture: arch}})
+		if _, err := PushImage(ctx, fmt.Sprintf("%s/%s:%s-%s", host, engine, version, v.Name), img); err != nil {
+			return v1.Hash{}, err
+		}
+	}
+	return PushIndex(ctx, fmt.Sprintf("%s/%s:%s", host, engine, version), entries)
+}
