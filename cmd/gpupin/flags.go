@@ -1,0 +1,88 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/node"
+)
+
+func globalFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "address", Value: "/run/containerd/containerd.sock", EnvVars: []string{"CONTAINERD_ADDRESS"}, Usage: "containerd socket"},
+		&cli.StringFlag{Name: "namespace", Value: "gpupin", EnvVars: []string{"CONTAINERD_NAMESPACE"}, Usage: "containerd namespace (k8s.io under Kubernetes, so kubelet sees the pins)"},
+		&cli.StringFlag{Name: "snapshotter", Value: "overlayfs", EnvVars: []string{"CONTAINERD_SNAPSHOTTER"}, Usage: "containerd snapshotter"},
+		&cli.StringFlag{Name: "hosts-dir", Value: "/etc/containerd/certs.d", Usage: "containerd certs.d directory: registry mirrors and TLS"},
+		&cli.StringSliceFlag{Name: "insecure-registry", EnvVars: []string{"GPUPIN_INSECURE_REGISTRIES"}, Usage: "registry (host:port) reached over plain HTTP; loopback ones always are"},
+		&cli.StringFlag{Name: "node", EnvVars: []string{"GPUPIN_NODE"}, Usage: "read node facts from `FILE` (the JSON `detect --json` prints) instead of NVML; results say they are simulated"},
+		&cli.StringFlag{Name: "overrides", Value: "/etc/gpupin/overrides.yaml", EnvVars: []string{"GPUPIN_OVERRIDES"}, Usage: "overrides file"},
+		&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+		&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"GPUPIN_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
+		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
+	}
+}
+
+func setupLogging(c *cli.Context) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+		return cli.Exit(fmt.Sprintf("--log-level %q: want debug, info, warn or error", c.String("log-level")), exitUsage)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
+	if c.String("log-format") == "json" {
+		h = slog.NewJSONHandler(os.Stderr, opts)
+	}
+	slog.SetDefault(slog.New(h))
+	return nil
+}
+
+// jsonOut reports whether --json was given, at any level.
+func jsonOut(c *cli.Context) bool {
+	for _, ctx := range c.Lineage() {
+		if ctx.Bool("json") {
+			return true
+		}
+	}
+	return false
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// readNode reads the node's facts: the file of --node (simulated) or NVML.
+func readNode(c *cli.Context) (*node.Facts, error) {
+	if p := c.String("node"); p != "" {
+		return node.LoadFile(p)
+	}
+	return node.NewReader().Read(c.Context)
+}
+
+func nodeReader(c *cli.Context) (node.Reader, error) {
+	if p := c.String("node"); p != "" {
+		f, err := node.LoadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		return node.Static{Facts: f}, nil
+	}
+	return node.NewReader(), nil
+}
+
+func resolver(c *cli.Context) *images.Resolver {
+	return &images.Resolver{Insecure: c.StringSlice("insecure-registry")}
+}
+
+func simulatedNote(f *node.Facts) string {
+	if f != nil && f.Simulated {
+		return "SIMULATED node facts (from --node): no GPU was read; nothing here was proved on hardware\n"
+	}
+	return ""
+}

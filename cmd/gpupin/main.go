@@ -1,0 +1,68 @@
+// Command gpupin provisions GPU inference engines on NVIDIA nodes from
+// container images: it picks the CUDA variant the node can run, pulls it,
+// proves it with a compute probe, and pins it by digest.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+)
+
+// Exit codes scripts can rely on.
+const (
+	exitOK       = 0
+	exitError    = 1
+	exitUsage    = 2
+	exitNoResult = 3 // no variant fits, override none, or an unsupported node
+)
+
+// order fixes the help listing; each command's file registers itself.
+var order = []string{"detect", "plan", "provision", "pins", "unpin", "run", "gc", "probe", "override", "agent", "publish", "build"}
+
+var commands []*cli.Command
+
+func register(c *cli.Command) { commands = append(commands, c) }
+
+func main() {
+	app := newApp()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := app.RunContext(ctx, os.Args); err != nil {
+		var ec cli.ExitCoder
+		if errors.As(err, &ec) {
+			if msg := err.Error(); msg != "" {
+				fmt.Fprintln(os.Stderr, "gpupin:", msg)
+			}
+			os.Exit(ec.ExitCode())
+		}
+		fmt.Fprintln(os.Stderr, "gpupin:", err)
+		os.Exit(exitError)
+	}
+}
+
+func newApp() *cli.App {
+	rank := map[string]int{}
+	for i, n := range order {
+		rank[n] = i
+	}
+	cmds := append([]*cli.Command(nil), commands...)
+	sort.SliceStable(cmds, func(i, j int) bool { return rank[cmds[i].Name] < rank[cmds[j].Name] })
+	return &cli.App{
+		Name:                   "gpupin",
+		Usage:                  "choose, prove and pin the CUDA variant of an inference engine this node can run",
+		Flags:                  globalFlags(),
+		Commands:               cmds,
+		UseShortOptionHandling: true,
+		OnUsageError: func(c *cli.Context, err error, _ bool) error {
+			return cli.Exit(err.Error(), exitUsage)
+		},
+		Before: setupLogging,
+	}
+}
