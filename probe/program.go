@@ -1,0 +1,181 @@
+package probe
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/gpupin/gpupin/probe/torch"
+)
+
+// CUDAProbeName is the file name of the cuda probe binary, on the host and in the container.
+const CUDAProbeName = "gpupin-cuda-probe"
+
+// Options carries what Build needs from the host and the image.
+type Options struct {
+	// Dir is the host directory where gpupin stages probe files; created if missing.
+	Dir string
+	// CUDAProbeBinary is the gpupin-cuda-probe binary. Default: beside the
+	// running executable, then /usr/lib/gpupin/.
+	CUDAProbeBinary string
+	// ExecArgv is the image's io.gpupin.probe.exec label, parsed (ParseExecLabel).
+	ExecArgv []string
+	// Engine is the image's engine (vllm, sglang, …); the torch probe imports it.
+	Engine string
+	// Sim configures the simulated probe.
+	Sim SimOptions
+}
+
+// Lookup locations for the cuda probe; variables so tests can move them.
+var (
+	executable = os.Executable
+	libDir     = "/usr/lib/gpupin"
+)
+
+// Build returns the program that runs probe k in the image's container.
+func Build(k Kind, opt Options) (Program, error) {
+	p := Program{Kind: k}
+	switch k {
+	case Torch:
+		src, err := stage(opt.Dir, torch.ScriptName, torch.Script, 0o644)
+		if err != nil {
+			return Program{}, fmt.Errorf("torch probe: %w", err)
+		}
+		dst := path.Join(MountDir, torch.ScriptName)
+		p.Mounts = []Mount{{Source: src, Destination: dst}}
+		p.Args = []string{"python3", dst}
+		// The script is read-only and the root filesystem too: no .pyc.
+		p.Env = []string{"GPUPIN_ENGINE=" + opt.Engine, "PYTHONDONTWRITEBYTECODE=1"}
+	case CUDA:
+		bin, err := findCUDAProbe(opt.CUDAProbeBinary)
+		if err != nil {
+			return Program{}, fmt.Errorf("cuda probe: %w", err)
+		}
+		dst := path.Join(MountDir, CUDAProbeName)
+		p.Mounts = []Mount{{Source: bin, Destination: dst}}
+		p.Args = []string{dst}
+	case Exec:
+		if len(opt.ExecArgv) == 0 {
+			return Program{}, fmt.Errorf("exec probe: the image has no %s label naming its self-test", ExecLabel)
+		}
+		if err := checkArgv(opt.ExecArgv); err != nil {
+			return Program{}, fmt.Errorf("exec probe: %s label: %w", ExecLabel, err)
+		}
+		p.Args = append([]string(nil), opt.ExecArgv...)
+		p.Env = []string{"GPUPIN_ENGINE=" + opt.Engine}
+	case Sim:
+		return buildSim(opt)
+	default:
+		return Program{}, fmt.Errorf("unknown probe %q", k)
+	}
+	return p, nil
+}
+
+// ParseExecLabel reads the io.gpupin.probe.exec label: a non-empty JSON array
+// of strings, the first of which is the command.
+func ParseExecLabel(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, fmt.Errorf("%s label is empty; want a JSON argv such as [\"/usr/bin/selftest\",\"--gpu\"]", ExecLabel)
+	}
+	var argv []string
+	if err := json.Unmarshal([]byte(s), &argv); err != nil {
+		return nil, fmt.Errorf("%s label %q is not a JSON array of strings: %w", ExecLabel, s, err)
+	}
+	if err := checkArgv(argv); err != nil {
+		return nil, fmt.Errorf("%s label %q: %w", ExecLabel, s, err)
+	}
+	return argv, nil
+}
+
+func checkArgv(argv []string) error {
+	if len(argv) == 0 {
+		return errors.New("argv is empty")
+	}
+	if strings.TrimSpace(argv[0]) == "" {
+		return errors.New("argv[0] (the command) is empty")
+	}
+	for i, a := range argv {
+		if strings.ContainsRune(a, 0) {
+			return fmt.Errorf("argv[%d] contains a NUL byte", i)
+		}
+	}
+	return nil
+}
+
+// findCUDAProbe returns the cuda probe binary: explicit, else beside the
+// running executable, else in libDir.
+func findCUDAProbe(explicit string) (string, error) {
+	var tried []string
+	try := func(p string) (string, bool) {
+		tried = append(tried, p)
+		fi, err := os.Stat(p)
+		return p, err == nil && fi.Mode().IsRegular()
+	}
+	if explicit != "" {
+		abs, err := filepath.Abs(explicit)
+		if err != nil {
+			return "", fmt.Errorf("probe binary %s: %w", explicit, err)
+		}
+		if p, ok := try(abs); ok {
+			return p, nil
+		}
+		return "", fmt.Errorf("probe binary %s is not a regular file", abs)
+	}
+	if exe, err := executable(); err == nil {
+		if resolved, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = resolved
+		}
+		if p, ok := try(filepath.Join(filepath.Dir(exe), CUDAProbeName)); ok {
+			return p, nil
+		}
+	}
+	if p, ok := try(filepath.Join(libDir, CUDAProbeName)); ok {
+		return p, nil
+	}
+	return "", fmt.Errorf("no %s binary (looked in %s); build it with `CGO_ENABLED=0 go build ./cmd/gpupin-cuda-probe` and put it beside gpupin",
+		CUDAProbeName, strings.Join(tried, ", "))
+}
+
+// stage writes content into dir under a name carrying its hash, so that
+// gpupin versions sharing dir never overwrite a file a running probe has
+// mounted, and writes are atomic (temp file + rename).
+func stage(dir, name string, content []byte, mode os.FileMode) (string, error) {
+	if dir == "" {
+		return "", errors.New("no staging directory (Options.Dir)")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("create staging directory: %w", err)
+	}
+	sum := sha256.Sum256(content)
+	ext := filepath.Ext(name)
+	dst := filepath.Join(dir, strings.TrimSuffix(name, ext)+"-"+hex.EncodeToString(sum[:6])+ext)
+	if old, err := os.ReadFile(dst); err == nil && string(old) == string(content) {
+		return dst, nil
+	}
+	tmp, err := os.CreateTemp(dir, "."+name+".*")
+	if err != nil {
+		return "", fmt.Errorf("stage %s: %w", name, err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after the rename
+	if _, err := tmp.Write(content); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("stage %s: %w", name, err)
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("stage %s: %w", name, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return "", fmt.Errorf("stage %s: %w", name, err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return "", fmt.Errorf("stage %s: %w", name, err)
+	}
+	return dst, nil
+}
