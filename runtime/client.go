@@ -1,0 +1,98 @@
+// Package runtime is gpupin's side of containerd: pulling candidates by
+// digest, running probe and replica containers, and keeping pins as labels
+// on image records. containerd is the database; there is no state file.
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+)
+
+// Labels gpupin puts on what it creates, so it can find it again.
+const (
+	LabelManaged = "io.gpupin.managed" // on every record gpupin made
+	LabelOwner   = "io.gpupin.owner"   // pid:starttime of the process that made a transient record
+	LabelRole    = "io.gpupin.role"    // candidate, probe, replica
+)
+
+// Runtime talks to one containerd namespace.
+type Runtime struct {
+	client      *client.Client
+	namespace   string
+	snapshotter string
+	hostsDir    string
+	insecure    []string
+	runcRoot    string
+	runcBinary  string
+	fifoDir     string
+	cdiDirs     []string
+}
+
+// Opt configures a Runtime.
+type Opt func(*Runtime)
+
+// WithNamespace sets the containerd namespace (default gpupin).
+func WithNamespace(ns string) Opt { return func(r *Runtime) { r.namespace = ns } }
+
+// WithSnapshotter sets the snapshotter (default overlayfs).
+func WithSnapshotter(s string) Opt { return func(r *Runtime) { r.snapshotter = s } }
+
+// WithHostsDir names containerd's certs.d directory for mirrors and TLS.
+func WithHostsDir(dir string) Opt { return func(r *Runtime) { r.hostsDir = dir } }
+
+// WithInsecureRegistries lists registries reached over plain HTTP.
+func WithInsecureRegistries(hosts []string) Opt { return func(r *Runtime) { r.insecure = hosts } }
+
+// WithRuncRoot moves runc's state directory (tests keep it out of /run/runc).
+func WithRuncRoot(dir string) Opt { return func(r *Runtime) { r.runcRoot = dir } }
+
+// WithFIFODir sets where the containers' stdio FIFOs are made.
+func WithFIFODir(dir string) Opt { return func(r *Runtime) { r.fifoDir = dir } }
+
+// WithCDISpecDirs sets where CDI specs are read (default /etc/cdi, /var/run/cdi).
+func WithCDISpecDirs(dirs ...string) Opt { return func(r *Runtime) { r.cdiDirs = dirs } }
+
+// Connect dials containerd and checks that it answers.
+func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error) {
+	r := &Runtime{namespace: "gpupin", snapshotter: "overlayfs", cdiDirs: []string{"/etc/cdi", "/var/run/cdi"}}
+	for _, o := range opts {
+		o(r)
+	}
+	if _, err := os.Stat(address); err != nil {
+		return nil, fmt.Errorf("containerd socket %s: %w (is containerd running? --address or CONTAINERD_ADDRESS names another)", address, err)
+	}
+	c, err := client.New(address, client.WithDefaultNamespace(r.namespace), client.WithTimeout(10*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("connect to containerd at %s: %w", address, err)
+	}
+	vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := c.Version(vctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("containerd at %s does not answer: %w", address, err)
+	}
+	if r.fifoDir == "" {
+		r.fifoDir = filepath.Join(os.TempDir(), "gpupin-fifo")
+	}
+	r.client = c
+	return r, nil
+}
+
+// Close closes the connection.
+func (r *Runtime) Close() error { return r.client.Close() }
+
+// Client exposes containerd's client for what this package does not wrap.
+func (r *Runtime) Client() *client.Client { return r.client }
+
+// Namespace is the containerd namespace in use.
+func (r *Runtime) Namespace() string { return r.namespace }
+
+func (r *Runtime) ctx(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, r.namespace)
+}

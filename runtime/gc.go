@@ -1,0 +1,53 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/errdefs"
+)
+
+// Collected lists the image records gc removed.
+type Collected struct {
+	Removed []string `json:"removed"`
+	Kept    []string `json:"kept"`
+}
+
+// GC removes gpupin's image records that no pin and no container uses.
+// The previous pin of each engine stays for rollback unless all is set.
+// containerd's own garbage collector then frees the content.
+func (r *Runtime) GC(ctx context.Context, all bool) (Collected, error) {
+	ctx = r.ctx(ctx)
+	var out Collected
+	used := map[string]bool{}
+	conts, err := r.client.Containers(ctx)
+	if err != nil {
+		return out, fmt.Errorf("gc: list containers: %w", err)
+	}
+	for _, c := range conts {
+		info, err := c.Info(ctx)
+		if err == nil {
+			used[info.Image] = true
+		}
+	}
+	is := r.client.ImageService()
+	imgs, err := is.List(ctx, fmt.Sprintf(`labels.%q`, LabelManaged))
+	if err != nil {
+		return out, fmt.Errorf("gc: list images: %w", err)
+	}
+	for _, img := range imgs {
+		l := img.Labels
+		keep := l[LabelPin] != "" || used[img.Name] ||
+			(l[LabelPrevious] != "" && !all) ||
+			(l[LabelRole] == "candidate" && ownerAlive(l[LabelOwner]))
+		if keep {
+			out.Kept = append(out.Kept, img.Name)
+			continue
+		}
+		if err := is.Delete(ctx, img.Name); err != nil && !errdefs.IsNotFound(err) {
+			return out, fmt.Errorf("gc: remove %s: %w", img.Name, err)
+		}
+		out.Removed = append(out.Removed, img.Name)
+	}
+	return out, nil
+}

@@ -1,0 +1,297 @@
+package runtime
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	runcoptions "github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/contrib/seccomp"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Mount is a read-only bind mount into a container.
+type Mount struct {
+	Source      string
+	Destination string
+}
+
+// RunSpec is one container run to completion.
+type RunSpec struct {
+	Image string // image record name
+	Args  []string
+	Env   []string
+	// Mounts are bind-mounted read-only.
+	Mounts []Mount
+	GPUs   GPUs
+	// Hardened is the probe's box: no network but lo, read-only root, no
+	// new privileges, no capabilities, the default seccomp profile, a
+	// writable /tmp only.
+	Hardened bool
+	// HostNetwork shares the node's network (replicas that serve).
+	HostNetwork bool
+	MemoryLimit uint64 // bytes; 0 = none
+	PidsLimit   int64  // 0 = none
+	Timeout     time.Duration
+	// OutputLimit caps what is kept of stdout+stderr (the tail); default 256 KiB.
+	OutputLimit int
+	// Stdout, Stderr also receive the output as it comes (gpupin run).
+	Stdout, Stderr io.Writer
+	Role           string // probe or replica, a label
+	Labels         map[string]string
+	// ID names the container; default role-random.
+	ID string
+}
+
+// RunResult is how a run ended.
+type RunResult struct {
+	ID        string
+	ExitCode  int
+	Output    []byte // the tail of stdout and stderr, interleaved
+	Truncated bool
+	Duration  time.Duration
+	TimedOut  bool
+}
+
+// ErrTimeout marks a run killed at its timeout.
+var ErrTimeout = errors.New("timed out")
+
+// Run creates a container from spec.Image, runs it to its end or its
+// timeout, and removes it with its task and snapshot whatever happens:
+// a probe leaves nothing behind.
+func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err error) {
+	ctx = r.ctx(ctx)
+	img, err := r.client.GetImage(ctx, spec.Image)
+	if err != nil {
+		return res, fmt.Errorf("image %s: %w", spec.Image, err)
+	}
+	id := spec.ID
+	if id == "" {
+		role := spec.Role
+		if role == "" {
+			role = "run"
+		}
+		id = "gpupin-" + role + "-" + randomHex(6)
+	}
+	res.ID = id
+	labels := map[string]string{LabelManaged: "true", LabelOwner: owner, LabelRole: spec.Role}
+	for k, v := range spec.Labels {
+		labels[k] = v
+	}
+
+	specOpts := []oci.SpecOpts{oci.WithImageConfig(img), oci.WithEnv(spec.Env)}
+	if len(spec.Args) > 0 {
+		specOpts = append(specOpts, oci.WithProcessArgs(spec.Args...))
+	}
+	var mounts []specs.Mount
+	for _, m := range spec.Mounts {
+		mounts = append(mounts, specs.Mount{Type: "bind", Source: m.Source, Destination: m.Destination, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
+	if spec.Hardened {
+		mounts = append(mounts, specs.Mount{Type: "tmpfs", Source: "tmpfs", Destination: "/tmp", Options: []string{"nosuid", "nodev", "mode=1777", "size=1g"}})
+		specOpts = append(specOpts,
+			oci.WithRootFSReadonly(),
+			oci.WithNoNewPrivileges,
+			oci.WithCapabilities([]string{}),
+			oci.WithAmbientCapabilities([]string{}),
+			seccomp.WithDefaultProfile(),
+		)
+	}
+	if len(mounts) > 0 {
+		specOpts = append(specOpts, oci.WithMounts(mounts))
+	}
+	if spec.HostNetwork {
+		specOpts = append(specOpts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostResolvconf, oci.WithHostHostsFile)
+	}
+	if spec.MemoryLimit > 0 {
+		specOpts = append(specOpts, oci.WithMemoryLimit(spec.MemoryLimit))
+	}
+	if spec.PidsLimit > 0 {
+		specOpts = append(specOpts, oci.WithPidsLimit(spec.PidsLimit))
+	}
+	runcOpts := &runcoptions.Options{Root: r.runcRoot}
+	switch spec.GPUs.Mode {
+	case GPUCDI:
+		specOpts = append(specOpts, r.withCDI(spec.GPUs.Devices))
+	case GPUNvidiaRuntime:
+		runcOpts.BinaryName = "nvidia-container-runtime"
+		devs := "all"
+		if len(spec.GPUs.Devices) > 0 {
+			devs = joinComma(spec.GPUs.Devices)
+		}
+		specOpts = append(specOpts, oci.WithEnv([]string{"NVIDIA_VISIBLE_DEVICES=" + devs}))
+	case GPUNone, "":
+	default:
+		return res, fmt.Errorf("gpu mode %q", spec.GPUs.Mode)
+	}
+
+	cont, err := r.client.NewContainer(ctx, id,
+		client.WithImage(img),
+		client.WithSnapshotter(r.snapshotter),
+		client.WithNewSnapshot(id, img, snapshots.WithLabels(map[string]string{LabelManaged: "true", LabelOwner: owner})),
+		client.WithRuntime("io.containerd.runc.v2", runcOpts),
+		client.WithNewSpec(specOpts...),
+		client.WithContainerLabels(labels),
+	)
+	if err != nil {
+		// The snapshot is made before the spec; a spec that fails (a CDI
+		// device unknown) must not leave it.
+		r.client.SnapshotService(r.snapshotter).Remove(context.WithoutCancel(ctx), id)
+		return res, fmt.Errorf("create container %s: %w", id, err)
+	}
+	// Cleanup must run even when ctx is cancelled: a killed probe must not
+	// leave its container, task or snapshot.
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if derr := cont.Delete(cctx, client.WithSnapshotCleanup); derr != nil && err == nil {
+			err = fmt.Errorf("remove container %s: %w", id, derr)
+		}
+	}()
+
+	limit := spec.OutputLimit
+	if limit <= 0 {
+		limit = 256 << 10
+	}
+	out := &tailBuffer{limit: limit}
+	var stdout, stderr io.Writer = out, out
+	if spec.Stdout != nil {
+		stdout = io.MultiWriter(out, spec.Stdout)
+	}
+	if spec.Stderr != nil {
+		stderr = io.MultiWriter(out, spec.Stderr)
+	}
+	if err := os.MkdirAll(r.fifoDir, 0o700); err != nil {
+		return res, fmt.Errorf("fifo dir: %w", err)
+	}
+	task, err := cont.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, stdout, stderr), cio.WithFIFODir(r.fifoDir)))
+	if err != nil {
+		return res, fmt.Errorf("create task %s: %w", id, err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if _, derr := task.Delete(cctx, client.WithProcessKill); derr != nil && err == nil {
+			err = fmt.Errorf("remove task %s: %w", id, derr)
+		}
+	}()
+	exitCh, err := task.Wait(context.WithoutCancel(ctx))
+	if err != nil {
+		return res, fmt.Errorf("wait task %s: %w", id, err)
+	}
+	start := time.Now()
+	if err := task.Start(ctx); err != nil {
+		return res, fmt.Errorf("start task %s: %w", id, err)
+	}
+	var timeout <-chan time.Time
+	if spec.Timeout > 0 {
+		t := time.NewTimer(spec.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var status client.ExitStatus
+	select {
+	case status = <-exitCh:
+	case <-timeout:
+		res.TimedOut = true
+		status = r.kill(ctx, task, exitCh)
+	case <-ctx.Done():
+		status = r.kill(ctx, task, exitCh)
+		res.Duration = time.Since(start)
+		res.Output, res.Truncated = out.bytes()
+		return res, fmt.Errorf("run %s: %w", id, ctx.Err())
+	}
+	res.Duration = time.Since(start)
+	// Wait for the output to drain before reading it.
+	task.CloseIO(context.WithoutCancel(ctx), client.WithStdinCloser)
+	if ioc := task.IO(); ioc != nil {
+		ioc.Wait()
+	}
+	res.Output, res.Truncated = out.bytes()
+	code, _, serr := status.Result()
+	if serr != nil {
+		return res, fmt.Errorf("task %s exit status: %w", id, serr)
+	}
+	res.ExitCode = int(code)
+	if res.TimedOut {
+		return res, fmt.Errorf("run %s: killed after %s: %w", id, spec.Timeout, ErrTimeout)
+	}
+	return res, nil
+}
+
+func (r *Runtime) kill(ctx context.Context, task client.Task, exitCh <-chan client.ExitStatus) client.ExitStatus {
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	task.Kill(kctx, syscall.SIGKILL, client.WithKillAll)
+	select {
+	case s := <-exitCh:
+		return s
+	case <-kctx.Done():
+		return *client.NewExitStatus(137, time.Now(), kctx.Err())
+	}
+}
+
+// tailBuffer keeps the last limit bytes written: a verdict line comes
+// last, and a probe that floods its output must not flood gpupin's memory.
+type tailBuffer struct {
+	mu        sync.Mutex
+	buf       bytes.Buffer
+	limit     int
+	truncated bool
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := len(p)
+	if len(p) >= t.limit {
+		t.buf.Reset()
+		p = p[len(p)-t.limit:]
+		t.truncated = true
+	}
+	t.buf.Write(p)
+	if over := t.buf.Len() - t.limit; over > 0 {
+		t.buf.Next(over)
+		t.truncated = true
+		// Compact so the buffer does not grow without end.
+		b := append([]byte(nil), t.buf.Bytes()...)
+		t.buf.Reset()
+		t.buf.Write(b)
+	}
+	return n, nil
+}
+
+func (t *tailBuffer) bytes() ([]byte, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]byte(nil), t.buf.Bytes()...), t.truncated
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func joinComma(s []string) string {
+	out := ""
+	for i, v := range s {
+		if i > 0 {
+			out += ","
+		}
+		out += v
+	}
+	return out
+}

@@ -1,0 +1,188 @@
+package runtime_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
+	"github.com/gpupin/gpupin/runtime"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// pushed publishes a one-variant engine and returns the child's digest ref.
+func pushed(t *testing.T, reg *sandbox.Registry, env ...string) string {
+	t.Helper()
+	img, err := sandbox.Image(sandbox.ImageSpec{Env: env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Host + "/eng:1"
+	d, err := sandbox.PushImage(context.Background(), ref, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg.Host + "/eng@" + d.String()
+}
+
+func TestPullByDigestAndRunHardened(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	rt := testenv.Runtime(t)
+	ref := pushed(t, reg, "GREETING=hello")
+
+	var last runtime.Progress
+	p, err := rt.Pull(ctx, ref, runtime.PullOptions{Progress: func(pr runtime.Progress) { last = pr }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Created || p.Name != ref {
+		t.Fatalf("pulled %+v, want a new record named %s", p, ref)
+	}
+	if !last.Finished || last.Done != last.Total || last.Layers == 0 {
+		t.Fatalf("final progress %+v: want finished with all layers", last)
+	}
+
+	script := `echo net=$(ls /sys/class/net | tr '\n' ' '); ` +
+		`if touch /rootfs-test 2>/dev/null; then echo rootfs=writable; else echo rootfs=readonly; fi; ` +
+		`touch /tmp/ok && echo tmp=writable; ` +
+		`grep -E '^(CapEff|CapPrm|NoNewPrivs)' /proc/self/status; echo greeting=$GREETING; cat /probe/file`
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "file"), []byte("mounted\n"), 0o644)
+	res, err := rt.Run(ctx, runtime.RunSpec{
+		Image: ref, Args: []string{"/bin/sh", "-c", script}, Hardened: true, Role: "probe",
+		Mounts:      []runtime.Mount{{Source: filepath.Join(dir, "file"), Destination: "/probe/file"}},
+		MemoryLimit: 256 << 20, PidsLimit: 64, Timeout: 30 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, res.Output)
+	}
+	out := string(res.Output)
+	for _, want := range []string{"net=lo\n", "rootfs=readonly", "tmp=writable", "CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "NoNewPrivs:\t1", "greeting=hello", "mounted"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	assertNothingLeft(t, rt)
+}
+
+func TestRunTimeoutLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	rt := testenv.Runtime(t)
+	ref := pushed(t, reg)
+	if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res, err := rt.Run(ctx, runtime.RunSpec{Image: ref, Args: []string{"/bin/sh", "-c", "echo started; sleep 600"}, Hardened: true, Role: "probe", Timeout: time.Second})
+	if !errors.Is(err, runtime.ErrTimeout) || !res.TimedOut {
+		t.Fatalf("err = %v, timed out %v; want a timeout", err, res.TimedOut)
+	}
+	if time.Since(start) > 20*time.Second {
+		t.Fatalf("timeout took %s", time.Since(start))
+	}
+	if !strings.Contains(string(res.Output), "started") {
+		t.Errorf("output before the kill is lost: %q", res.Output)
+	}
+	assertNothingLeft(t, rt)
+}
+
+func TestRunOutputIsCapped(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	rt := testenv.Runtime(t)
+	ref := pushed(t, reg)
+	if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := rt.Run(ctx, runtime.RunSpec{Image: ref, Role: "probe", OutputLimit: 4096, Timeout: 30 * time.Second,
+		Args: []string{"/bin/sh", "-c", "dd if=/dev/zero bs=1024 count=2048 2>/dev/null | tr '\\0' x; echo; echo LAST-LINE"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Output) > 4096 || !res.Truncated || !strings.HasSuffix(strings.TrimSpace(string(res.Output)), "LAST-LINE") {
+		t.Fatalf("kept %d bytes, truncated %v, tail %q", len(res.Output), res.Truncated, tail(res.Output))
+	}
+}
+
+func TestCDIInjectionSeenInside(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	specDir := t.TempDir()
+	spec := `cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+devices:
+  - name: all
+    containerEdits:
+      deviceNodes:
+        - path: /dev/gpupin-test0
+          hostPath: /dev/null
+      env:
+        - GPUPIN_CDI_TEST=injected
+`
+	os.WriteFile(filepath.Join(specDir, "nvidia.yaml"), []byte(spec), 0o644)
+	rt := testenv.Runtime(t, runtime.WithCDISpecDirs(specDir))
+	ref := pushed(t, reg)
+	if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := rt.Run(ctx, runtime.RunSpec{Image: ref, Role: "probe", Hardened: true, Timeout: 30 * time.Second,
+		GPUs: runtime.GPUs{Mode: runtime.GPUCDI, Devices: []string{runtime.DefaultCDIDevice}},
+		Args: []string{"/bin/sh", "-c", "echo env=$GPUPIN_CDI_TEST; ls /dev/gpupin-test0"}})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, res.Output)
+	}
+	if out := string(res.Output); !strings.Contains(out, "env=injected") || !strings.Contains(out, "/dev/gpupin-test0") {
+		t.Fatalf("CDI edits not seen inside:\n%s", out)
+	}
+
+	// A device no spec describes is refused with the command that makes one.
+	_, err = rt.Run(ctx, runtime.RunSpec{Image: ref, Role: "probe", GPUs: runtime.GPUs{Mode: runtime.GPUCDI, Devices: []string{"nvidia.com/gpu=7"}}, Args: []string{"true"}})
+	if err == nil || !strings.Contains(err.Error(), "nvidia-ctk cdi generate") {
+		t.Fatalf("err = %v, want one naming nvidia-ctk cdi generate", err)
+	}
+	assertNothingLeft(t, rt)
+}
+
+func assertNothingLeft(t *testing.T, rt *runtime.Runtime) {
+	t.Helper()
+	ctx := context.Background()
+	c := rt.Client()
+	nsCtx := withNS(ctx, rt.Namespace())
+	conts, err := c.Containers(nsCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(conts) != 0 {
+		t.Errorf("%d containers left", len(conts))
+	}
+	tasks, err := c.TaskService().List(nsCtx, nil)
+	if err == nil && len(tasks.Tasks) != 0 {
+		t.Errorf("%d tasks left", len(tasks.Tasks))
+	}
+	var snaps []string
+	c.SnapshotService("overlayfs").Walk(nsCtx, func(_ context.Context, info snapshotInfo) error {
+		if info.Kind != snapshotCommitted {
+			snaps = append(snaps, fmt.Sprintf("%s(%v)", info.Name, info.Kind))
+		}
+		return nil
+	})
+	if len(snaps) != 0 {
+		t.Errorf("active snapshots left: %v", snaps)
+	}
+}
+
+func tail(b []byte) string {
+	if len(b) > 80 {
+		b = b[len(b)-80:]
+	}
+	return string(b)
+}

@@ -1,0 +1,85 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/errdefs"
+)
+
+// Swept counts what a sweep removed.
+type Swept struct {
+	Containers int `json:"containers"`
+	Leases     int `json:"leases"`
+	Candidates int `json:"candidates"`
+}
+
+// Sweep removes what an interrupted gpupin left: probe containers (with
+// their tasks and snapshots), leases and candidate image records whose
+// owning process is gone. What a live gpupin is working on is left alone.
+func (r *Runtime) Sweep(ctx context.Context) (Swept, error) {
+	ctx = r.ctx(ctx)
+	var s Swept
+	conts, err := r.client.Containers(ctx, fmt.Sprintf(`labels.%q`, LabelManaged))
+	if err != nil {
+		return s, fmt.Errorf("sweep: list containers: %w", err)
+	}
+	for _, c := range conts {
+		labels, err := c.Labels(ctx)
+		if err != nil || ownerAlive(labels[LabelOwner]) || labels[LabelRole] != "probe" {
+			continue
+		}
+		if task, err := c.Task(ctx, nil); err == nil {
+			task.Kill(ctx, 9, client.WithKillAll)
+			waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			if ch, err := task.Wait(waitCtx); err == nil {
+				select {
+				case <-ch:
+				case <-waitCtx.Done():
+				}
+			}
+			cancel()
+			if _, err := task.Delete(ctx, client.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+				return s, fmt.Errorf("sweep: task of %s: %w", c.ID(), err)
+			}
+		}
+		if err := c.Delete(ctx, client.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+			return s, fmt.Errorf("sweep: container %s: %w", c.ID(), err)
+		}
+		s.Containers++
+	}
+
+	is := r.client.ImageService()
+	imgs, err := is.List(ctx, fmt.Sprintf(`labels.%q==candidate`, LabelRole))
+	if err != nil {
+		return s, fmt.Errorf("sweep: list candidates: %w", err)
+	}
+	for _, img := range imgs {
+		if img.Labels[LabelPin] != "" || img.Labels[LabelPrevious] != "" || ownerAlive(img.Labels[LabelOwner]) {
+			continue
+		}
+		if err := is.Delete(ctx, img.Name); err != nil && !errdefs.IsNotFound(err) {
+			return s, fmt.Errorf("sweep: candidate %s: %w", img.Name, err)
+		}
+		s.Candidates++
+	}
+
+	ls := r.client.LeasesService()
+	all, err := ls.List(ctx, fmt.Sprintf(`labels.%q`, LabelManaged))
+	if err != nil {
+		return s, fmt.Errorf("sweep: list leases: %w", err)
+	}
+	for _, l := range all {
+		if ownerAlive(l.Labels[LabelOwner]) {
+			continue
+		}
+		if err := ls.Delete(ctx, leases.Lease{ID: l.ID}); err != nil && !errdefs.IsNotFound(err) {
+			return s, fmt.Errorf("sweep: lease %s: %w", l.ID, err)
+		}
+		s.Leases++
+	}
+	return s, nil
+}
