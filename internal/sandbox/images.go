@@ -204,7 +204,7 @@ type rawManifest struct {
 	b  []byte
 }
 
-func (r rawManifest) RawManifest() ([]byte, error)         { return r.b, nil }
+func (r rawManifest) RawManifest() ([]byte, error)        { return r.b, nil }
 func (r rawManifest) MediaType() (types.MediaType, error) { return r.mt, nil }
 
 // PushBlob uploads a blob into a repository.
