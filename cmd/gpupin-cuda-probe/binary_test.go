@@ -128,6 +128,7 @@ func TestBinaryWithStandInDriver(t *testing.T) {
 	lib := fakeLib(t)
 	tests := []struct {
 		mode       string
+		noLoadEx   bool // the library lacks cuModuleLoadDataEx
 		wantExit   int
 		wantDetail string // in the verdict's detail or a device's
 		wantOK     bool
@@ -137,11 +138,22 @@ func TestBinaryWithStandInDriver(t *testing.T) {
 		{mode: "ok", wantOK: true, wantDetail: "2 GPUs passed"},
 		{mode: "corrupt", wantExit: 1, wantDetail: "GPU 1: saxpy: 1 of 1048576 elements wrong (first at 12345: got 417.25, want 416.25)"},
 		// The library has no name for 218: the probe's own table names it.
-		{mode: "badptx", wantExit: 1, wantDetail: "GPU 1: load the PTX kernel: cuModuleLoadData: CUDA_ERROR_INVALID_PTX (218)"},
+		{mode: "badptx", wantExit: 1, wantDetail: "GPU 1: load the PTX kernel: cuModuleLoadDataEx: CUDA_ERROR_INVALID_PTX (218); JIT log: ptxas fatal : Unsupported .version 5.0"},
+		{mode: "badptx", noLoadEx: true, wantExit: 1, wantDetail: "GPU 1: load the PTX kernel: cuModuleLoadData: CUDA_ERROR_INVALID_PTX (218)"},
+		{mode: "ok", noLoadEx: true, wantOK: true, wantDetail: "2 GPUs passed"},
 	}
+	oldLib := fakeLib(t, "-DNO_LOAD_EX")
 	for _, tt := range tests {
-		t.Run(tt.mode, func(t *testing.T) {
-			out, code := runBinary(t, bin, "LD_LIBRARY_PATH="+lib, "GPUPIN_FAKE_CUDA="+tt.mode)
+		name := tt.mode
+		if tt.noLoadEx {
+			name += "/without cuModuleLoadDataEx"
+		}
+		t.Run(name, func(t *testing.T) {
+			l := lib
+			if tt.noLoadEx {
+				l = oldLib
+			}
+			out, code := runBinary(t, bin, "LD_LIBRARY_PATH="+l, "GPUPIN_FAKE_CUDA="+tt.mode)
 			if code != tt.wantExit {
 				t.Fatalf("exit %d, want %d; output:\n%s", code, tt.wantExit, out)
 			}

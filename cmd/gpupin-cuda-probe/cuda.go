@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -141,10 +142,32 @@ func (c *cudaLib) PrimaryContext(dev int) (func(), error) {
 	return release, nil
 }
 
+// JIT options of cuModuleLoadDataEx (CUjit_option).
+const (
+	jitErrorLogBuffer     = 5 // CU_JIT_ERROR_LOG_BUFFER
+	jitErrorLogBufferSize = 6 // CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
+)
+
+// ModuleLoad JIT-compiles the PTX. With cuModuleLoadDataEx it also asks for
+// the JIT's error log, which says why a driver rejected the PTX.
 func (c *cudaLib) ModuleLoad(image []byte) (uintptr, error) {
 	var mod uintptr
-	err := c.call("cuModuleLoadData", ptr(&mod), ptr(&image[0]))
-	runtime.KeepAlive(image)
+	defer runtime.KeepAlive(image)
+	if _, err := c.sym("cuModuleLoadDataEx"); err != nil {
+		return mod, c.call("cuModuleLoadData", ptr(&mod), ptr(&image[0]))
+	}
+	log := make([]byte, 4096)
+	opts := [2]int32{jitErrorLogBuffer, jitErrorLogBufferSize}
+	vals := [2]uintptr{ptr(&log[0]), uintptr(len(log))}
+	var pin runtime.Pinner
+	pin.Pin(&log[0])
+	defer pin.Unpin()
+	err := c.call("cuModuleLoadDataEx", ptr(&mod), ptr(&image[0]), uintptr(len(opts)), ptr(&opts[0]), ptr(&vals[0]))
+	if err != nil {
+		if msg := strings.TrimSpace(cString(&log[0], len(log))); msg != "" {
+			return mod, fmt.Errorf("%w; JIT log: %s", err, strings.Join(strings.Fields(msg), " "))
+		}
+	}
 	return mod, err
 }
 

@@ -5,9 +5,12 @@
  *   zero      cuInit succeeds, no devices
  *   ok        two devices; kernels run on the host and compute saxpy
  *   corrupt   as ok, but device 1 gets one element wrong
- *   badptx    as ok, but cuModuleLoadData fails on device 1 with 218 (INVALID_PTX)
+ *   badptx    as ok, but loading the PTX fails on device 1 with 218 (INVALID_PTX)
+ *             and a JIT log
+ * With -DNO_LOAD_EX it lacks cuModuleLoadDataEx, as old drivers might.
  * Built with -DONLY_INIT it exports cuInit alone (a library too old or foreign).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,6 +79,24 @@ CUresult cuModuleLoadData(void **mod, const void *image) {
 	*mod = &module_token;
 	return 0;
 }
+#ifndef NO_LOAD_EX
+/* Writes a JIT log on failure, as the driver does, through the option arrays. */
+CUresult cuModuleLoadDataEx(void **mod, const void *image, unsigned n, int *options, void **values) {
+	CUresult r = cuModuleLoadData(mod, image);
+	if (r == 0) return 0;
+	char *buf = 0;
+	size_t size = 0;
+	for (unsigned i = 0; i < n; i++) {
+		if (options[i] == 5) buf = values[i];
+		if (options[i] == 6) size = (size_t)values[i];
+	}
+	if (buf && size > 0) {
+		snprintf(buf, size, "ptxas fatal   : Unsupported .version %s", "5.0");
+	}
+	return r;
+}
+#endif
+
 CUresult cuModuleUnload(void *mod) { return mod == &module_token ? 0 : 400; }
 
 static int function_token;
