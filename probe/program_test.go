@@ -126,7 +126,7 @@ func TestBuild(t *testing.T) {
 			wantEnv: []string{`GPUPIN_SIM_DEVICES=[{"index":0,"uuid":"GPU-x","name":"","cc":"","tflops":0,"max_abs_err":0}]`, "GPUPIN_SIM_NODE_CUDA=12.9"},
 		},
 		{name: "sim without devices", kind: Sim, wantErr: "no simulated devices"},
-		{name: "sim bad node version", kind: Sim, opt: Options{Sim: SimOptions{Devices: []Device{{}}, NodeCUDA: "12.9; rm"}}, wantErr: "is not major.minor"},
+		{name: "sim bad node version", kind: Sim, opt: Options{Sim: SimOptions{Devices: []Device{{}}, NodeCUDA: "12.9; rm"}}, wantErr: "is not a version like 12.9"},
 		{name: "unknown", kind: "jax", wantErr: `unknown probe "jax"`},
 	}
 	for _, tt := range tests {

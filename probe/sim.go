@@ -20,10 +20,12 @@ var SimScript []byte
 // SimOptions configures the simulated probe.
 type SimOptions struct {
 	Devices  []Device // echoed in the verdict
-	NodeCUDA string   // the CUDA version the simulated driver supports, e.g. "12.9"
+	NodeCUDA string   // the CUDA version the simulated driver supports, e.g. "12.9"; "" skips the check
 }
 
-var cudaVersionRE = regexp.MustCompile(`^[0-9]+\.[0-9]+$`)
+// cudaVersionRE accepts what node facts hold ("12.9", "13", "12.9.1"); the
+// script compares major.minor.
+var cudaVersionRE = regexp.MustCompile(`^[0-9]{1,9}(\.[0-9]{1,9}){0,3}$`)
 
 // buildSim stages sim.sh and passes the simulated node to it as environment:
 // GPUPIN_SIM_DEVICES (JSON) and GPUPIN_SIM_NODE_CUDA.
@@ -33,7 +35,7 @@ func buildSim(opt Options) (Program, error) {
 		return Program{}, errors.New("sim probe: no simulated devices")
 	}
 	if s.NodeCUDA != "" && !cudaVersionRE.MatchString(s.NodeCUDA) {
-		return Program{}, fmt.Errorf("sim probe: node CUDA version %q is not major.minor", s.NodeCUDA)
+		return Program{}, fmt.Errorf("sim probe: node CUDA version %q is not a version like 12.9", s.NodeCUDA)
 	}
 	devs, err := json.Marshal(s.Devices)
 	if err != nil {

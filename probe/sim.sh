@@ -2,10 +2,10 @@
 # POSIX sh only (images may have busybox and no bash); external commands
 # are limited to sleep and rm. gpupin sets:
 #   GPUPIN_SIM_DEVICES    JSON array of devices, echoed in the verdict
-#   GPUPIN_SIM_NODE_CUDA  the CUDA version the simulated driver supports (major.minor)
+#   GPUPIN_SIM_NODE_CUDA  the CUDA version the simulated driver supports (e.g. 12.9)
 # and reads from the image's own environment:
 #   GPUPIN_SIM_PROBE      fail|hang|garbled|noline|exit1|big: misbehave on purpose
-#   CUDA_VERSION          the image's CUDA (major.minor[.patch]); newer than the node fails
+#   CUDA_VERSION          the image's CUDA (e.g. 12.9.1); a newer major.minor than the node fails
 
 # Diagnostics first: integration tests assert the container's hardening from them.
 net=
@@ -51,12 +51,22 @@ verdict() {
 		"$1" "$devices" "${3-}" "$2"
 }
 
-# version X: succeed if X is major.minor[.patch] in digits (JSON-safe to echo).
+# version X: succeed if X is digits and dots, like 13 or 12.9.1 (JSON-safe to echo).
 version() {
 	case $1 in
 	'' | *[!0-9.]* | .* | *. | *..*) return 1 ;;
-	*.*) return 0 ;;
-	*) return 1 ;;
+	*) return 0 ;;
+	esac
+}
+
+# minor X: the minor part of version X, 0 when it has none.
+minor() {
+	case $1 in
+	*.*)
+		m=${1#*.}
+		echo "${m%%.*}"
+		;;
+	*) echo 0 ;;
 	esac
 }
 
@@ -105,10 +115,8 @@ if version "$image"; then
 	extra=",\"image_cuda\":\"$image\""
 	if version "$node"; then
 		extra="$extra,\"node_cuda\":\"$node\""
-		imaj=${image%%.*} irest=${image#*.}
-		imin=${irest%%.*}
-		nmaj=${node%%.*} nrest=${node#*.}
-		nmin=${nrest%%.*}
+		imaj=${image%%.*} imin=$(minor "$image")
+		nmaj=${node%%.*} nmin=$(minor "$node")
 		if [ "$imaj" -gt "$nmaj" ] || { [ "$imaj" -eq "$nmaj" ] && [ "$imin" -gt "$nmin" ]; }; then
 			verdict false "CUDA driver version is insufficient for CUDA runtime version (simulated: image CUDA $image, node supports $node)" "$extra"
 			exit 1

@@ -67,6 +67,36 @@ func runSim(t *testing.T, shell []string, imageEnv []string, timeout time.Durati
 	return buf.Bytes(), 0, false
 }
 
+func TestSimProbeNodeVersions(t *testing.T) {
+	tests := []struct {
+		node, image string
+		wantOK      bool
+	}{
+		{"13", "12.9.1", true},
+		{"13", "13.0", true},
+		{"13", "13.1", false},
+		{"12.9.1", "12.9", true},
+		{"12.9", "13", false},
+		{"12.10", "12.9", true},
+		{"", "99.0", true}, // no node version: no check
+	}
+	sh := shells(t)[0]
+	for _, tt := range tests {
+		p, err := Build(Sim, Options{Dir: t.TempDir(), Sim: SimOptions{Devices: simDevices, NodeCUDA: tt.node}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(sh[0], append(sh[1:], p.Mounts[0].Source)...)
+		cmd.Env = append([]string{"CUDA_VERSION=" + tt.image}, p.Env...)
+		out, _ := cmd.CombinedOutput()
+		code := cmd.ProcessState.ExitCode()
+		_, err = Parse(out, code)
+		if (err == nil) != tt.wantOK {
+			t.Errorf("node %q, image %q: Parse error %v, want ok=%v", tt.node, tt.image, err, tt.wantOK)
+		}
+	}
+}
+
 func TestSimProbe(t *testing.T) {
 	tests := []struct {
 		name     string
