@@ -1,0 +1,364 @@
+package provision_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
+	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/provision"
+	"github.com/gpupin/gpupin/runtime"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+var (
+	cu13  = sandbox.EngineVariant{Name: "cu13", CUDA: "13.0", Archs: "7.5,8.0,8.6,8.9,9.0,10.0,12.0+PTX"}
+	cu129 = sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "7.0,7.5,8.0,8.6,8.9,9.0+PTX"}
+)
+
+func h100(driver, cuda string) *node.Facts {
+	return &node.Facts{Driver: driver, CUDA: cuda, Platform: "linux/amd64", Simulated: true,
+		GPUs: []node.GPU{{Index: 0, UUID: "GPU-11111111-2222-3333-4444-555555555555", Name: "NVIDIA H100 80GB HBM3", Brand: "nvidia", CC: "9.0", MemoryMiB: 81559}}}
+}
+
+// nodeBox lets a test change the node under a running provisioner, as a
+// driver upgrade would.
+type nodeBox struct {
+	mu sync.Mutex
+	f  *node.Facts
+}
+
+func (b *nodeBox) Read(context.Context) (*node.Facts, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := *b.f
+	return &c, nil
+}
+
+func (b *nodeBox) set(f *node.Facts) { b.mu.Lock(); b.f = f; b.mu.Unlock() }
+
+type env struct {
+	reg  *sandbox.Registry
+	rt   *runtime.Runtime
+	node *nodeBox
+	p    *provision.Provisioner
+	ref  string
+}
+
+func setup(t *testing.T, facts *node.Facts, variants []sandbox.EngineVariant, mod func(*provision.Options)) *env {
+	t.Helper()
+	e := &env{reg: testenv.Registry(t), rt: testenv.Runtime(t), node: &nodeBox{f: facts}}
+	if _, err := sandbox.PublishEngine(context.Background(), e.reg.Host, "demo", "1.0", variants); err != nil {
+		t.Fatal(err)
+	}
+	e.ref = e.reg.Host + "/demo:1.0"
+	opts := provision.Options{ProbeTimeout: 30 * time.Second, ProbeDir: t.TempDir()}
+	if mod != nil {
+		mod(&opts)
+	}
+	e.p = provision.New(e.rt, &images.Resolver{}, e.node, opts)
+	return e
+}
+
+func (e *env) childRef(t *testing.T, variant string) string {
+	t.Helper()
+	set, err := (&images.Resolver{}).Resolve(context.Background(), e.ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range set.Variants {
+		if v.Variant == variant {
+			return v.Ref
+		}
+	}
+	t.Fatalf("no variant %s", variant)
+	return ""
+}
+
+func TestProvisionSimulatedPicksVariantAndPinsIt(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129}, nil)
+	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
+	if st.State != provision.Ready {
+		t.Fatalf("state %s: %s", st.State, st.Detail)
+	}
+	want := e.childRef(t, "cu129")
+	if st.Pinned != want || st.Variant != "cu129" || st.Key != "demo:1.0" || !st.Simulated {
+		t.Fatalf("status %+v; want cu129 pinned as %s", st, want)
+	}
+	// The child was pulled by digest: the record is named by it.
+	if _, err := e.rt.Client().ImageService().Get(nsCtx(e.rt), want); err != nil {
+		t.Fatalf("no image record %s: %v", want, err)
+	}
+	// The probe container's own view of its box.
+	for _, line := range []string{"GPUPIN-SIM net=lo", "GPUPIN-SIM rootfs-writable=no", "GPUPIN-SIM capeff=0000000000000000", "GPUPIN-SIM nonewprivs=1"} {
+		if !strings.Contains(st.ProbeOutput, line+"\n") {
+			t.Errorf("probe output lacks %q:\n%s", line, st.ProbeOutput)
+		}
+	}
+	// cu13 was rejected for the driver, with the reason.
+	if len(st.Rejected) != 1 || st.Rejected[0].Variant != "cu13" || !strings.Contains(st.Rejected[0].Reason, "supports CUDA 12.9") {
+		t.Errorf("rejected = %+v", st.Rejected)
+	}
+	img, err := e.rt.Client().ImageService().Get(nsCtx(e.rt), want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := h100("575.57.08", "12.9")
+	for k, v := range map[string]string{
+		runtime.LabelPin: "demo:1.0", runtime.LabelVariant: "cu129", runtime.LabelSource: e.ref,
+		runtime.LabelNode: f.Fingerprint(), runtime.LabelCRIPinned: "pinned", runtime.LabelOverride: "auto",
+		runtime.LabelSimulated: "true",
+	} {
+		if img.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, img.Labels[k], v)
+		}
+	}
+	if _, err := time.Parse(time.RFC3339, img.Labels[runtime.LabelProbedAt]); err != nil {
+		t.Errorf("probed-at label %q: %v", img.Labels[runtime.LabelProbedAt], err)
+	}
+	if !strings.Contains(img.Labels[runtime.LabelProbe], `"ok":true`) {
+		t.Errorf("probe label %q", img.Labels[runtime.LabelProbe])
+	}
+	assertNoLeftovers(t, e.rt)
+}
+
+func TestProvisionSimulatedAutoFallsBack(t *testing.T) {
+	ctx := context.Background()
+	bad := cu13
+	bad.SimProbe = "fail"
+	e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{bad, cu129}, nil)
+	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
+	if st.State != provision.Ready || st.Variant != "cu129" {
+		t.Fatalf("state %s variant %s: %s", st.State, st.Variant, st.Detail)
+	}
+	if len(st.Attempts) != 1 || st.Attempts[0].Variant != "cu13" || st.Attempts[0].Stage != "probe" {
+		t.Fatalf("attempts = %+v", st.Attempts)
+	}
+	if !strings.Contains(st.Detail, "cu13 failed at probe") || !strings.Contains(st.Detail, "cu129") {
+		t.Errorf("detail does not name both: %s", st.Detail)
+	}
+	// The failed candidate's record is gone; only the pin remains.
+	if _, err := e.rt.Client().ImageService().Get(nsCtx(e.rt), e.childRef(t, "cu13")); err == nil {
+		t.Error("the failed cu13 candidate's image record was kept")
+	}
+	assertNoLeftovers(t, e.rt)
+}
+
+func TestProvisionSimulatedForcedVariantFailsWithoutPin(t *testing.T) {
+	ctx := context.Background()
+	bad := cu13
+	bad.SimProbe = "fail"
+	e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{bad, cu129}, nil)
+	st := e.p.Provision(ctx, provision.Want{Ref: e.ref, Override: "cu13"})
+	if st.State != provision.Failed || len(st.Attempts) != 1 {
+		t.Fatalf("state %s attempts %+v: %s", st.State, st.Attempts, st.Detail)
+	}
+	if !strings.Contains(st.Detail, "simulated failure") {
+		t.Errorf("detail lacks the probe's reason: %s", st.Detail)
+	}
+	pins, err := e.rt.Pins(ctx)
+	if err != nil || len(pins) != 0 {
+		t.Fatalf("pins = %+v, %v; want none", pins, err)
+	}
+}
+
+func TestProvisionSimulatedCDIInjectionInProbe(t *testing.T) {
+	ctx := context.Background()
+	specDir := t.TempDir()
+	os.WriteFile(filepath.Join(specDir, "nvidia.yaml"), []byte(`cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+devices:
+  - name: all
+    containerEdits:
+      deviceNodes:
+        - path: /dev/gpupin-test0
+          hostPath: /dev/null
+      env:
+        - GPUPIN_CDI_TEST=from-cdi
+`), 0o644)
+	e := &env{reg: testenv.Registry(t), rt: testenv.Runtime(t, runtime.WithCDISpecDirs(specDir)), node: &nodeBox{f: h100("580.82.07", "13.0")}}
+	if _, err := sandbox.PublishEngine(ctx, e.reg.Host, "demo", "1.0", []sandbox.EngineVariant{cu13}); err != nil {
+		t.Fatal(err)
+	}
+	gpus := runtime.GPUs{Mode: runtime.GPUCDI, Devices: []string{runtime.DefaultCDIDevice}}
+	e.p = provision.New(e.rt, &images.Resolver{}, e.node, provision.Options{GPUs: &gpus, ProbeDir: t.TempDir()})
+	st := e.p.Provision(ctx, provision.Want{Ref: e.reg.Host + "/demo:1.0"})
+	if st.State != provision.Ready {
+		t.Fatalf("%s: %s", st.State, st.Detail)
+	}
+	for _, line := range []string{"GPUPIN-SIM env=from-cdi\n", "GPUPIN-SIM devices=/dev/gpupin-test0\n"} {
+		if !strings.Contains(st.ProbeOutput, line) {
+			t.Errorf("probe did not see %q:\n%s", line, st.ProbeOutput)
+		}
+	}
+}
+
+func TestProvisionSimulatedProbeTimeoutLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	hang := cu129
+	hang.SimProbe = "hang"
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{hang}, func(o *provision.Options) { o.ProbeTimeout = 2 * time.Second })
+	start := time.Now()
+	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
+	if st.State != provision.Failed || !strings.Contains(st.Detail, "did not finish in 2s") {
+		t.Fatalf("%s: %s", st.State, st.Detail)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("a 2s timeout took %s", d)
+	}
+	assertNoLeftovers(t, e.rt)
+}
+
+func TestProvisionSimulatedBadVerdicts(t *testing.T) {
+	for _, tc := range []struct{ mode, want string }{
+		{"garbled", "verdict"},
+		{"noline", `no "GPUPIN-PROBE" line`},
+		{"exit1", "exit"},
+		{"big", ""},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			v := cu129
+			v.SimProbe = tc.mode
+			e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{v}, nil)
+			st := e.p.Provision(context.Background(), provision.Want{Ref: e.ref})
+			if tc.mode == "big" {
+				// A flood of output before a good line: capped, and still read.
+				if st.State != provision.Ready {
+					t.Fatalf("%s: %s", st.State, st.Detail)
+				}
+				return
+			}
+			if st.State != provision.Failed {
+				t.Fatalf("state %s, want failed: %s", st.State, st.Detail)
+			}
+			if !strings.Contains(strings.ToLower(st.Detail), strings.ToLower(tc.want)) {
+				t.Errorf("detail %q lacks %q", st.Detail, tc.want)
+			}
+			pins, _ := e.rt.Pins(context.Background())
+			if len(pins) != 0 {
+				t.Errorf("pinned after a bad verdict: %+v", pins)
+			}
+		})
+	}
+}
+
+func TestReprovisionSimulatedFailureKeepsPinAndSameNodeNeedsNoRegistry(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129}, nil)
+	first := e.p.Provision(ctx, provision.Want{Ref: e.ref})
+	if first.State != provision.Ready {
+		t.Fatalf("%s: %s", first.State, first.Detail)
+	}
+
+	// Same node: answered by the pin, no registry request at all.
+	e.reg.Reset()
+	again := e.p.Provision(ctx, provision.Want{Ref: e.ref})
+	if again.State != provision.Ready || !again.FromPin || again.Pinned != first.Pinned {
+		t.Fatalf("re-provision: %+v", again)
+	}
+	if reqs := e.reg.Requests(); len(reqs) != 0 {
+		t.Fatalf("re-provision on the same node made %d registry requests: %v", len(reqs), reqs)
+	}
+	// Even with the registry down.
+	e.reg.SetDown(true)
+	if st := e.p.Provision(ctx, provision.Want{Ref: e.ref}); st.State != provision.Ready {
+		t.Fatalf("registry down, already provisioned: %s: %s", st.State, st.Detail)
+	}
+	e.reg.SetDown(false)
+
+	// The tag moves to builds whose probes fail, and the driver is
+	// upgraded: the re-provision fails and the old pin stays as it was.
+	bad13, bad129 := cu13, cu129
+	bad13.SimProbe, bad129.SimProbe = "fail", "fail"
+	bad129.Env = []string{"REBUILT=1"} // a new digest
+	if _, err := sandbox.PublishEngine(ctx, e.reg.Host, "demo", "1.0", []sandbox.EngineVariant{bad13, bad129}); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := e.rt.GetPin(ctx, "demo:1.0")
+	e.node.set(h100("580.82.07", "13.0"))
+	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
+	if st.State != provision.Failed || len(st.Attempts) != 2 || !strings.Contains(st.Detail, "earlier pin") {
+		t.Fatalf("state %s attempts %d: %s", st.State, len(st.Attempts), st.Detail)
+	}
+	after, _ := e.rt.GetPin(ctx, "demo:1.0")
+	if after == nil || *after != *before {
+		t.Fatalf("pin changed by a failed provision:\nbefore %+v\nafter  %+v", before, after)
+	}
+}
+
+func TestProvisionSimulatedConcurrentSameEngineOnePull(t *testing.T) {
+	ctx := context.Background()
+	// A layer of its own: the daemon shares content across namespaces, so a
+	// layer another test pulled would not be fetched at all.
+	layer, err := sandbox.RandomLayer(64 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld, _ := layer.Digest()
+	v := cu129
+	v.Layers = []v1.Layer{layer}
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{v}, nil)
+	e.reg.Reset()
+	var wg sync.WaitGroup
+	sts := make([]provision.Status, 4)
+	for i := range sts {
+		wg.Add(1)
+		go func() { defer wg.Done(); sts[i] = e.p.Provision(ctx, provision.Want{Ref: e.ref}) }()
+	}
+	wg.Wait()
+	for i, st := range sts {
+		if st.State != provision.Ready || st.Pinned != sts[0].Pinned {
+			t.Fatalf("provision %d: %s %s", i, st.State, st.Detail)
+		}
+	}
+	n := 0
+	for _, r := range e.reg.Requests() {
+		if r.Method == "GET" && strings.HasSuffix(r.Path, "/blobs/"+ld.String()) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("the layer was fetched %d times by 4 concurrent provisions; want one pull", n)
+	}
+}
+
+func nsCtx(rt *runtime.Runtime) context.Context {
+	return withNamespace(context.Background(), rt.Namespace())
+}
+
+func assertNoLeftovers(t *testing.T, rt *runtime.Runtime) {
+	t.Helper()
+	ctx := nsCtx(rt)
+	conts, err := rt.Client().Containers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(conts) != 0 {
+		t.Errorf("%d containers left", len(conts))
+	}
+	ls, err := rt.Client().LeasesService().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ls) != 0 {
+		t.Errorf("%d leases left", len(ls))
+	}
+	imgs, _ := rt.Client().ImageService().List(ctx)
+	for _, img := range imgs {
+		if img.Labels[runtime.LabelPin] == "" {
+			t.Errorf("unpinned image record left: %s %v", img.Name, img.Labels)
+		}
+	}
+	_ = fmt.Sprint()
+}
