@@ -1,0 +1,505 @@
+// Package build publishes engine variants as one tag whose OCI index carries
+// gpupin's io.gpupin.* metadata (Publish), and assembles variant images
+// without a Docker engine (Build).
+package build
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/gpupin/gpupin/images"
+)
+
+// Standard annotations publish writes beside gpupin's.
+const (
+	AnnotationOCIVersion = "org.opencontainers.image.version"
+	AnnotationOCITitle   = "org.opencontainers.image.title"
+)
+
+// Variant is one variant to publish: a name and where its images come from.
+type Variant struct {
+	// Name is the variant name (cu13, cu129). A name of the form cuNN claims
+	// CUDA NN.x and cuNNM claims NN.M; the image config must agree.
+	Name string
+	// Ref is the source image or index (single- or multi-platform).
+	Ref string
+	// Images are in-memory images (gpupin build's output), used instead of
+	// Ref. Their manifests are not yet published, so publish annotates the
+	// child manifests too, not only the index entries.
+	Images []v1.Image
+	// Archs overrides the image's io.gpupin.cuda.archs label and its
+	// TORCH_CUDA_ARCH_LIST.
+	Archs string
+}
+
+// PublishOptions say what to publish where.
+type PublishOptions struct {
+	// Tag is REPO:VERSION; the version is the engine version.
+	Tag      string
+	Variants []Variant
+	// Engine names the engine; default: the image label io.gpupin.engine,
+	// else the last element of the repository.
+	Engine string
+	// Annotations go on the index and on every entry, beside gpupin's.
+	Annotations map[string]string
+	// Insecure names registries reached over plain HTTP (host[:port]).
+	Insecure []string
+	// DryRun reads and checks everything and pushes nothing.
+	DryRun bool
+	// AllowPartialPlatforms publishes when a variant lacks a platform another
+	// variant has, with a warning; by default that is refused, since nodes on
+	// that platform would silently lose the variant.
+	AllowPartialPlatforms bool
+	// Keychain gives credentials; nil means the Docker config keychain.
+	Keychain authn.Keychain
+	// Transport carries the requests; nil means remote.DefaultTransport.
+	Transport http.RoundTripper
+	// Jobs bounds concurrent blob transfers; 0 means go-containerregistry's default.
+	Jobs int
+}
+
+// Entry is one index entry: one variant on one platform.
+type Entry struct {
+	Variant     string            `json:"variant"`
+	Platform    string            `json:"platform"`
+	Digest      string            `json:"digest"`
+	Size        int64             `json:"size"`
+	MediaType   string            `json:"media_type"`
+	Source      string            `json:"source"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+// Result is what was published (or, in a dry run, what would be).
+type Result struct {
+	Tag     string  `json:"tag"`
+	Digest  string  `json:"digest"`
+	Entries []Entry `json:"entries"`
+	// Aliases maps each alias tag (VERSION-VARIANT) to its index digest.
+	Aliases  map[string]string `json:"aliases"`
+	Warnings []string          `json:"warnings,omitempty"`
+	DryRun   bool              `json:"dry_run"`
+	Verified bool              `json:"verified"`
+	// Index is the index manifest, as pushed.
+	Index json.RawMessage `json:"index"`
+}
+
+// plan is everything publish will write, computed before anything is.
+type plan struct {
+	tag      name.Tag
+	version  string
+	engine   string
+	index    v1.ImageIndex
+	aliases  []alias
+	entries  []Entry
+	children []v1.Image
+	warnings []string
+}
+
+type alias struct {
+	tag     name.Tag
+	variant string
+	index   v1.ImageIndex
+}
+
+// Publish reads every variant, checks it against its own config, and pushes
+// the children by digest, the alias tags, and the tag last, so a failure
+// before that leaves the tag as it was. It then reads it all back.
+func Publish(ctx context.Context, opts PublishOptions) (*Result, error) {
+	p, err := makePlan(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	res, err := p.result(opts.DryRun)
+	if err != nil {
+		return nil, err
+	}
+	if opts.DryRun {
+		return res, nil
+	}
+	if err := p.push(ctx, opts); err != nil {
+		return nil, err
+	}
+	res.Verified = true
+	return res, nil
+}
+
+// push writes the plan: by digest first, so children, their blobs and the
+// index land without touching any tag (blobs present are skipped after a
+// HEAD; blobs in another repository of the same registry are mounted), then
+// the alias tags, then the tag, then reads it all back.
+func (p *plan) push(ctx context.Context, opts PublishOptions) error {
+	pusher, err := remote.NewPusher(remoteOptions(ctx, opts)...)
+	if err != nil {
+		return fmt.Errorf("publish %s: %w", p.tag, err)
+	}
+	idxDigest, err := p.index.Digest()
+	if err != nil {
+		return fmt.Errorf("publish %s: index digest: %w", p.tag, err)
+	}
+	if err := pusher.Push(ctx, p.tag.Context().Digest(idxDigest.String()), p.index); err != nil {
+		return fmt.Errorf("publish %s: push variant images (tag not written): %w", p.tag, err)
+	}
+	for _, a := range p.aliases {
+		if err := pusher.Push(ctx, a.tag, a.index); err != nil {
+			return fmt.Errorf("publish %s: alias tag %s (tag not written): %w", p.tag, a.tag, err)
+		}
+	}
+	if err := pusher.Push(ctx, p.tag, p.index); err != nil {
+		return fmt.Errorf("publish %s: push index: %w", p.tag, err)
+	}
+	if err := verify(ctx, opts, p); err != nil {
+		return fmt.Errorf("publish %s: pushed, but reading it back failed: %w", p.tag, err)
+	}
+	return nil
+}
+
+func remoteOptions(ctx context.Context, opts PublishOptions) []remote.Option {
+	kc := opts.Keychain
+	if kc == nil {
+		kc = authn.DefaultKeychain
+	}
+	tr := opts.Transport
+	if tr == nil {
+		tr = remote.DefaultTransport
+	}
+	ro := []remote.Option{
+		remote.WithContext(ctx),
+		remote.WithAuthFromKeychain(kc),
+		remote.WithTransport(tr),
+		remote.WithUserAgent("gpupin-publish"),
+	}
+	if opts.Jobs > 0 {
+		ro = append(ro, remote.WithJobs(opts.Jobs))
+	}
+	return ro
+}
+
+func makePlan(ctx context.Context, opts PublishOptions) (*plan, error) {
+	ref, err := images.ParseReference(opts.Tag, opts.Insecure)
+	if err != nil {
+		return nil, fmt.Errorf("--tag: %w", err)
+	}
+	tag, ok := ref.(name.Tag)
+	last := opts.Tag[strings.LastIndex(opts.Tag, "/")+1:]
+	if !ok || !strings.Contains(last, ":") || strings.Contains(opts.Tag, "@") {
+		return nil, fmt.Errorf("--tag %q: want REPO:VERSION, e.g. registry.example.com/org/vllm:0.11.0", opts.Tag)
+	}
+	p := &plan{tag: tag, version: tag.TagStr()}
+	if len(opts.Variants) == 0 {
+		return nil, fmt.Errorf("no variants: give at least one --variant NAME=REF")
+	}
+	for k := range opts.Annotations {
+		if strings.HasPrefix(k, "io.gpupin.") {
+			return nil, fmt.Errorf("--annotation %s: io.gpupin.* annotations are filled by publish from the images; set them through labels or options", k)
+		}
+		if k == "" {
+			return nil, fmt.Errorf("--annotation: empty key")
+		}
+	}
+	seen := map[string]bool{}
+	for i, v := range opts.Variants {
+		if !images.ValidVariantName(v.Name) {
+			return nil, fmt.Errorf("variant %d: %q is not a variant name (lower-case letters, digits, '.', '_' or '-', e.g. cu129)", i, v.Name)
+		}
+		if seen[v.Name] {
+			return nil, fmt.Errorf("variant %s is given twice", v.Name)
+		}
+		seen[v.Name] = true
+		if v.Ref == "" && len(v.Images) == 0 {
+			return nil, fmt.Errorf("variant %s: no image reference", v.Name)
+		}
+		if alias_(p.version, v.Name) == "" {
+			return nil, fmt.Errorf("variant %s: alias tag %s-%s is not a valid tag", v.Name, p.version, v.Name)
+		}
+	}
+
+	ropts := remoteOptions(ctx, opts)
+	var all []*variantImages
+	for _, v := range opts.Variants {
+		vi, err := readVariant(ctx, v, opts.Insecure, ropts)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, vi)
+	}
+	p.engine, err = pickEngine(opts.Engine, tag, all)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkPlatforms(all, opts.AllowPartialPlatforms, &p.warnings); err != nil {
+		return nil, err
+	}
+	order := platformOrder(all)
+	// Lowest CUDA first: the first entry for a platform is what a plain
+	// `docker pull` gets, and it should run on the oldest driver. Ties keep
+	// the order given.
+	sort.SliceStable(all, func(i, j int) bool { return all[i].cuda.Compare(all[j].cuda) < 0 })
+
+	idxAnn := map[string]string{
+		images.AnnotationEngine:        p.engine,
+		images.AnnotationEngineVersion: p.version,
+		AnnotationOCIVersion:           p.version,
+	}
+	for k, v := range opts.Annotations {
+		idxAnn[k] = v
+	}
+	var adds []mutate.IndexAddendum
+	for _, vi := range all {
+		sort.SliceStable(vi.images, func(i, j int) bool { return order[vi.images[i].platform] < order[vi.images[j].platform] })
+		var vadds []mutate.IndexAddendum
+		for _, si := range vi.images {
+			md := si.meta
+			md.Engine, md.EngineVersion = p.engine, p.version
+			if err := md.Validate(); err != nil {
+				return nil, fmt.Errorf("variant %s (%s): %w", vi.name, si.platform, err)
+			}
+			ann := md.Annotations()
+			ann[AnnotationOCIVersion] = p.version
+			for k, v := range opts.Annotations {
+				ann[k] = v
+			}
+			img := si.img
+			if vi.inMemory {
+				// Our own manifest: annotate it too, so the child carries
+				// its metadata when pulled by digest.
+				img = mutate.Annotations(img, ann).(v1.Image)
+			}
+			d, err := descriptor(img)
+			if err != nil {
+				return nil, fmt.Errorf("variant %s (%s): %w", vi.name, si.platform, err)
+			}
+			d.Platform = si.plat
+			d.Annotations = ann
+			add := mutate.IndexAddendum{Add: img, Descriptor: d}
+			vadds = append(vadds, add)
+			p.children = append(p.children, img)
+			p.entries = append(p.entries, Entry{Variant: vi.name, Platform: si.platform, Digest: d.Digest.String(),
+				Size: d.Size, MediaType: string(d.MediaType), Source: si.source, Annotations: ann})
+		}
+		adds = append(adds, vadds...)
+		aliasAnn := map[string]string{}
+		for k, v := range idxAnn {
+			aliasAnn[k] = v
+		}
+		aliasAnn[images.AnnotationVariant] = vi.name
+		at := tag.Context().Tag(alias_(p.version, vi.name))
+		// An alias is an index too, even for one platform: only an index
+		// entry can carry annotations without changing the child's digest.
+		p.aliases = append(p.aliases, alias{tag: at, variant: vi.name, index: newIndex(vadds, aliasAnn)})
+	}
+	p.index = newIndex(adds, idxAnn)
+	return p, nil
+}
+
+// alias_ returns the alias tag string VERSION-VARIANT, or "" when that is
+// not a valid tag (128 characters of [A-Za-z0-9_.-]).
+func alias_(version, variant string) string {
+	s := version + "-" + variant
+	if _, err := name.NewTag("r/x:" + s); err != nil {
+		return ""
+	}
+	return s
+}
+
+func newIndex(adds []mutate.IndexAddendum, ann map[string]string) v1.ImageIndex {
+	idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index, adds...), types.OCIImageIndex)
+	return mutate.Annotations(idx, ann).(v1.ImageIndex)
+}
+
+func descriptor(img v1.Image) (v1.Descriptor, error) {
+	d, err := img.Digest()
+	if err != nil {
+		return v1.Descriptor{}, fmt.Errorf("digest: %w", err)
+	}
+	sz, err := img.Size()
+	if err != nil {
+		return v1.Descriptor{}, fmt.Errorf("size: %w", err)
+	}
+	mt, err := img.MediaType()
+	if err != nil {
+		return v1.Descriptor{}, fmt.Errorf("media type: %w", err)
+	}
+	return v1.Descriptor{MediaType: mt, Digest: d, Size: sz}, nil
+}
+
+// pickEngine takes the option, else the images' io.gpupin.engine label (all
+// must agree), else the repository's last element.
+func pickEngine(opt string, tag name.Tag, all []*variantImages) (string, error) {
+	label := ""
+	for _, vi := range all {
+		for _, si := range vi.images {
+			e := si.labels[images.AnnotationEngine]
+			if e == "" {
+				continue
+			}
+			if opt != "" && e != opt {
+				return "", fmt.Errorf("variant %s (%s): image label %s=%q contradicts --engine %s", vi.name, si.platform, images.AnnotationEngine, e, opt)
+			}
+			if label != "" && e != label {
+				return "", fmt.Errorf("variant %s (%s): image label %s=%q, but another variant says %q", vi.name, si.platform, images.AnnotationEngine, e, label)
+			}
+			label = e
+		}
+	}
+	switch {
+	case opt != "":
+		return opt, nil
+	case label != "":
+		return label, nil
+	}
+	return images.EngineFromRepo(tag), nil
+}
+
+// checkPlatforms refuses (or, when allowed, warns about) a variant that
+// lacks a platform another variant has.
+func checkPlatforms(all []*variantImages, allowPartial bool, warnings *[]string) error {
+	has := map[string][]string{} // platform → variants
+	var plats []string
+	for _, vi := range all {
+		for _, si := range vi.images {
+			if _, ok := has[si.platform]; !ok {
+				plats = append(plats, si.platform)
+			}
+			has[si.platform] = append(has[si.platform], vi.name)
+		}
+	}
+	var problems []string
+	for _, vi := range all {
+		mine := map[string]bool{}
+		for _, si := range vi.images {
+			mine[si.platform] = true
+		}
+		for _, pl := range plats {
+			if !mine[pl] {
+				problems = append(problems, fmt.Sprintf("variant %s has no %s image, which %s has", vi.name, pl, strings.Join(has[pl], ", ")))
+			}
+		}
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	if !allowPartial {
+		return fmt.Errorf("%s (nodes on that platform would lose the variant; pass --allow-partial-platforms to publish anyway)", strings.Join(problems, "; "))
+	}
+	*warnings = append(*warnings, problems...)
+	return nil
+}
+
+// platformOrder ranks platforms by first appearance in the variants given.
+func platformOrder(all []*variantImages) map[string]int {
+	order := map[string]int{}
+	for _, vi := range all {
+		for _, si := range vi.images {
+			if _, ok := order[si.platform]; !ok {
+				order[si.platform] = len(order)
+			}
+		}
+	}
+	return order
+}
+
+func (p *plan) result(dryRun bool) (*Result, error) {
+	raw, err := p.index.RawManifest()
+	if err != nil {
+		return nil, fmt.Errorf("index manifest: %w", err)
+	}
+	d, err := p.index.Digest()
+	if err != nil {
+		return nil, fmt.Errorf("index digest: %w", err)
+	}
+	res := &Result{Tag: p.tag.String(), Digest: d.String(), Entries: p.entries, Aliases: map[string]string{},
+		Warnings: p.warnings, DryRun: dryRun, Index: raw}
+	for _, a := range p.aliases {
+		ad, err := a.index.Digest()
+		if err != nil {
+			return nil, fmt.Errorf("alias %s digest: %w", a.tag, err)
+		}
+		res.Aliases[a.tag.String()] = ad.String()
+	}
+	return res, nil
+}
+
+// verify reads the tag, every child and every alias back, and resolves the
+// tag as nodes do: every variant must be read from annotations, none derived.
+func verify(ctx context.Context, opts PublishOptions, p *plan) error {
+	ropts := remoteOptions(ctx, opts)
+	want, err := p.index.Digest()
+	if err != nil {
+		return err
+	}
+	desc, err := remote.Get(p.tag, ropts...)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", p.tag, err)
+	}
+	if desc.Digest != want {
+		return fmt.Errorf("%s is %s, want %s (written over concurrently?)", p.tag, desc.Digest, want)
+	}
+	got, err := desc.ImageIndex()
+	if err != nil {
+		return fmt.Errorf("read %s: %w", p.tag, err)
+	}
+	im, err := got.IndexManifest()
+	if err != nil {
+		return fmt.Errorf("read %s: %w", p.tag, err)
+	}
+	if len(im.Manifests) != len(p.entries) {
+		return fmt.Errorf("%s has %d entries, want %d", p.tag, len(im.Manifests), len(p.entries))
+	}
+	for i, e := range p.entries {
+		m := im.Manifests[i]
+		if m.Digest.String() != e.Digest {
+			return fmt.Errorf("entry %d is %s, want %s", i, m.Digest, e.Digest)
+		}
+		for k, v := range e.Annotations {
+			if m.Annotations[k] != v {
+				return fmt.Errorf("entry %d (%s %s): annotation %s=%q, want %q", i, e.Variant, e.Platform, k, m.Annotations[k], v)
+			}
+		}
+		cd, err := remote.Head(p.tag.Context().Digest(e.Digest), ropts...)
+		if err != nil {
+			return fmt.Errorf("entry %d (%s %s): child %s: %w", i, e.Variant, e.Platform, e.Digest, err)
+		}
+		if cd.Size != e.Size {
+			return fmt.Errorf("entry %d (%s %s): child is %d bytes, want %d", i, e.Variant, e.Platform, cd.Size, e.Size)
+		}
+	}
+	for _, a := range p.aliases {
+		wd, err := a.index.Digest()
+		if err != nil {
+			return err
+		}
+		ad, err := remote.Head(a.tag, ropts...)
+		if err != nil {
+			return fmt.Errorf("alias %s: %w", a.tag, err)
+		}
+		if ad.Digest != wd {
+			return fmt.Errorf("alias %s is %s, want %s", a.tag, ad.Digest, wd)
+		}
+	}
+	r := images.Resolver{Insecure: opts.Insecure, Keychain: opts.Keychain, Transport: opts.Transport}
+	set, err := r.Resolve(ctx, p.tag.String())
+	if err != nil {
+		return err
+	}
+	if len(set.Variants) != len(p.entries) {
+		return fmt.Errorf("nodes see %d variants, want %d", len(set.Variants), len(p.entries))
+	}
+	for i, v := range set.Variants {
+		if v.Derived || v.Variant != p.entries[i].Variant {
+			return fmt.Errorf("nodes see entry %d as %s (derived %v), want %s from annotations", i, v.Variant, v.Derived, p.entries[i].Variant)
+		}
+	}
+	return nil
+}

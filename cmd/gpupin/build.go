@@ -1,0 +1,80 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/gpupin/gpupin/build"
+)
+
+func init() { register(buildCommand()) }
+
+func buildCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "build",
+		Usage:     "assemble variant images from gpupin.yaml without a Docker engine, then write an OCI layout and/or publish",
+		UsageText: "gpupin build [-f gpupin.yaml] [--output DIR] [--push] [--json]",
+		Description: "Reproducible: every timestamp is SOURCE_DATE_EPOCH (default 0), tar entries are sorted, owned by 0:0 " +
+			"and their modes normalised, so the same inputs give the same digests and changing one file changes only " +
+			"its layer. --push publishes as `gpupin publish` does, to repository:version, with the metadata on the " +
+			"child manifests too.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Value: "gpupin.yaml", Usage: "spec `FILE`"},
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "write an OCI layout to `DIR`"},
+			&cli.BoolFlag{Name: "push", Usage: "publish to the spec's repository"},
+			&cli.GenericFlag{Name: "annotation", Value: &listValue{}, Usage: "`KEY=VALUE` added to the index and every entry; repeatable"},
+			&cli.BoolFlag{Name: "allow-partial-platforms", Usage: "publish, with a warning, when a variant lacks a platform another has"},
+			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
+		},
+		Action: runBuild,
+	}
+}
+
+func runBuild(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return cli.Exit(fmt.Sprintf("unexpected argument %q (the spec is given with -f)", c.Args().First()), exitUsage)
+	}
+	spec, err := build.LoadSpec(c.String("file"))
+	if err != nil {
+		return err
+	}
+	ann, err := parseAnnotations(listFlag(c, "annotation"))
+	if err != nil {
+		return cli.Exit(err.Error(), exitUsage)
+	}
+	if !c.Bool("push") && c.String("output") == "" {
+		fmt.Fprintln(os.Stderr, "gpupin: neither --output nor --push: building only, to check the spec and print digests")
+	}
+	res, err := build.Build(c.Context, build.BuildOptions{
+		Spec:                  spec,
+		Output:                c.String("output"),
+		Push:                  c.Bool("push"),
+		Annotations:           ann,
+		AllowPartialPlatforms: c.Bool("allow-partial-platforms"),
+		Insecure:              c.StringSlice("insecure-registry"),
+	})
+	if err != nil {
+		return err
+	}
+	if res.Publish != nil {
+		for _, w := range res.Publish.Warnings {
+			fmt.Fprintln(os.Stderr, "gpupin: warning:", w)
+		}
+	}
+	if jsonOut(c) {
+		return printJSON(res)
+	}
+	for _, im := range res.Images {
+		fmt.Printf("%-8s %-14s %s\n", im.Variant, im.Platform, im.Digest)
+	}
+	fmt.Printf("index %s\n", res.Index)
+	if res.Output != "" {
+		fmt.Printf("wrote OCI layout %s\n", res.Output)
+	}
+	if res.Publish != nil {
+		printPublished(os.Stdout, res.Publish)
+	}
+	return nil
+}
