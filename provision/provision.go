@@ -50,6 +50,9 @@ type Options struct {
 	DefaultProbe string
 	// Progress receives pull progress.
 	Progress func(key string, p runtime.Progress)
+	// OverrideFor gives the operator's override of an engine when a want
+	// names none (the overrides file).
+	OverrideFor func(engine string) (images.Override, bool)
 	// OnState sees every state change of every provision.
 	OnState func(Status)
 	Logger  *slog.Logger
@@ -129,7 +132,31 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 	if err != nil {
 		return st.fail("%v", err)
 	}
+	guess := w.Engine
+	if guess == "" {
+		if r, err := images.ParseReference(w.Ref, nil); err == nil {
+			guess = images.EngineFromRepo(r)
+		}
+	}
+	fromFile := w.Override == "" && p.opts.OverrideFor != nil
+	if fromFile {
+		if o, ok := p.opts.OverrideFor(guess); ok {
+			ov = o
+		}
+	}
 	st.Override = ov.String()
+	if st.Engine == "" {
+		// Provisional names until the image's metadata says better.
+		st.Engine = guess
+	}
+	if st.Version == "" {
+		if r, err := images.ParseReference(w.Ref, nil); err == nil && !strings.HasPrefix(r.Identifier(), "sha256:") {
+			st.Version = r.Identifier()
+		}
+	}
+	if st.Engine != "" && st.Version != "" {
+		st.Key = st.Engine + ":" + st.Version
+	}
 	facts, err := p.node.Read(ctx)
 	if err != nil {
 		return st.fail("read node facts: %v", err)
@@ -165,6 +192,22 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 		return st.fail("%v", err)
 	}
 	p.name(&st, w, set)
+	if fromFile && st.Engine != guess {
+		// The image named its engine: the operator's override is filed under that name.
+		if o, ok := p.opts.OverrideFor(st.Engine); ok && o != ov {
+			ov = o
+			st.Override = ov.String()
+			if ov.Kind == images.OverrideNone {
+				st.State, st.Detail = Disabled, "override is none: this node does not run this engine (its pin, if any, is kept until gc)"
+				return st
+			}
+			if ov.Kind == images.OverrideImage {
+				if set, err = p.resolver.Resolve(ctx, ov.Image); err != nil {
+					return st.fail("%v", err)
+				}
+			}
+		}
+	}
 	// The want may have named only a reference: now that the key is known,
 	// a pin under it may answer after all.
 	if pin := matchPin(pins, Want{Engine: st.Engine, Version: st.Version, Ref: w.Ref}, ov); pin != nil && pin.Node == fp {
@@ -330,14 +373,13 @@ func (p *Provisioner) probe(ctx context.Context, image string, c images.Candidat
 }
 
 func (p *Provisioner) name(st *Status, w Want, set *images.Set) {
-	if st.Engine == "" || st.Version == "" {
-		for _, v := range set.Variants {
-			if st.Engine == "" && v.Engine != "" {
-				st.Engine = v.Engine
-			}
-			if st.Version == "" && v.EngineVersion != "" {
-				st.Version = v.EngineVersion
-			}
+	// The image's own metadata names it better than its repository and tag.
+	for _, v := range set.Variants {
+		if w.Engine == "" && v.Engine != "" {
+			st.Engine = v.Engine
+		}
+		if w.Version == "" && v.EngineVersion != "" {
+			st.Version = v.EngineVersion
 		}
 	}
 	if st.Engine == "" || st.Version == "" {

@@ -1,0 +1,39 @@
+# gpupin: see README.md. `make demo` runs the whole flow; `make test` the tests.
+GO        ?= go
+export CGO_CFLAGS ?= -Wno-deprecated-declarations
+BIN       := bin
+PKGS      := ./...
+
+.PHONY: all build demo test test-short vet fmt bench fuzz clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/gpupin ./cmd/gpupin
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/gpupin-cuda-probe ./cmd/gpupin-cuda-probe
+	$(GO) build -o $(BIN)/gpupin-sandbox ./cmd/gpupin-sandbox
+
+# The no-cgo build: no NVML, says so at run time.
+build-nocgo:
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/gpupin-nocgo ./cmd/gpupin
+
+demo: build
+	BIN=$(BIN) ./scripts/demo.sh
+
+# Tests start their own containerd (as root) and loopback registries.
+test: build
+	$(GO) vet $(PKGS)
+	CGO_ENABLED=0 $(GO) vet ./node/ ./cmd/gpupin/
+	$(GO) test -count=1 -timeout 20m $(PKGS)
+
+fuzz:
+	./scripts/fuzz.sh 30s
+
+bench: build
+	./scripts/bench.sh
+
+fmt:
+	gofmt -w .
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/gpupin/gpupin/runtime"
+)
+
+func init() {
+	register(pinsCommand())
+	register(unpinCommand())
+	register(gcCommand())
+}
+
+// pinView is a pin with whether it still holds on this node.
+type pinView struct {
+	runtime.Pin
+	// Valid is true when the pin was proved under this node's fingerprint.
+	Valid *bool `json:"valid,omitempty"`
+}
+
+func pinsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "pins",
+		Usage: "list the pinned images, and whether each was proved on this node as it is now",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "previous", Usage: "also list the previous pins kept for rollback"},
+			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED)"},
+			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+		},
+		Action: func(c *cli.Context) error {
+			rt, err := connect(c)
+			if err != nil {
+				return cli.Exit(err.Error(), exitError)
+			}
+			defer rt.Close()
+			pins, err := rt.Pins(c.Context)
+			if err != nil {
+				return cli.Exit(err.Error(), exitError)
+			}
+			if c.Bool("previous") {
+				prev, err := rt.PreviousPins(c.Context)
+				if err != nil {
+					return cli.Exit(err.Error(), exitError)
+				}
+				pins = append(pins, prev...)
+			}
+			// The node is read only to say whether each pin still holds.
+			fp := ""
+			if f, err := readNode(c); err == nil && f.Supported() {
+				fp = f.Fingerprint()
+			}
+			views := make([]pinView, len(pins))
+			for i, p := range pins {
+				views[i].Pin = p
+				if fp != "" {
+					v := p.Node == fp
+					views[i].Valid = &v
+				}
+			}
+			if jsonOut(c) {
+				return writeJSON(c.App.Writer, views)
+			}
+			if len(views) == 0 {
+				fmt.Fprintln(c.App.Writer, "no pins in namespace", rt.Namespace())
+				return nil
+			}
+			tw := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ENGINE\tVARIANT\tPINNED\tPROBED\tTHIS NODE")
+			for _, v := range views {
+				key := v.Key
+				if v.Previous {
+					key += " (previous)"
+				}
+				valid := "unknown"
+				if v.Valid != nil && *v.Valid {
+					valid = "proved"
+				} else if v.Valid != nil {
+					valid = "re-prove (driver or GPUs changed)"
+				}
+				if v.Simulated {
+					valid += ", SIMULATED"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", key, v.Variant, v.Ref, v.ProbedAt.Format(time.RFC3339), valid)
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func unpinCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "unpin",
+		Usage:     "remove the pin of ENGINE:VERSION (the image stays, as the previous pin, until gc)",
+		UsageText: "gpupin unpin ENGINE:VERSION",
+		Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return cli.Exit("usage: gpupin unpin ENGINE:VERSION", exitUsage)
+			}
+			rt, err := connect(c)
+			if err != nil {
+				return cli.Exit(err.Error(), exitError)
+			}
+			defer rt.Close()
+			p, err := rt.Unpin(c.Context, c.Args().First())
+			if err != nil {
+				return cli.Exit(err.Error(), exitError)
+			}
+			if jsonOut(c) {
+				return writeJSON(c.App.Writer, p)
+			}
+			fmt.Fprintf(c.App.Writer, "unpinned %s (%s); run gpupin gc to remove the image\n", p.Key, p.Ref)
+			return nil
+		},
+	}
+}
+
+func gcCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "gc",
+		Usage: "remove gpupin's images that no pin and no container uses, and what an interrupted run left",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "all", Usage: "remove the previous pins kept for rollback too"},
+			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+		},
+		Action: func(c *cli.Context) error {
+			rt, err := connect(c)
+			if err != nil {
+				return cli.Exit(err.Error(), exitError)
+			}
+			defer rt.Close()
+			swept, err := rt.Sweep(c.Context)
+			if err != nil {
+				return cli.Exit(err.Error(), exitError)
+			}
+			col, err := rt.GC(c.Context, c.Bool("all"))
+			if err != nil {
+				return cli.Exit(err.Error(), exitError)
+			}
+			if jsonOut(c) {
+				return writeJSON(c.App.Writer, map[string]any{"swept": swept, "removed": col.Removed, "kept": col.Kept})
+			}
+			fmt.Fprintf(c.App.Writer, "swept %d containers, %d leases, %d candidates left by interrupted runs\n", swept.Containers, swept.Leases, swept.Candidates)
+			for _, r := range col.Removed {
+				fmt.Fprintln(c.App.Writer, "removed", r)
+			}
+			fmt.Fprintf(c.App.Writer, "kept %d images\n", len(col.Kept))
+			return nil
+		},
+	}
+}
