@@ -317,6 +317,13 @@ func TestPublishRefusals(t *testing.T) {
 			want: "claims CUDA 12.9, but the image config has CUDA_VERSION=12.8.0",
 		},
 		{
+			name: "NVIDIA_REQUIRE_CUDA contradicts CUDA_VERSION",
+			src: []srcVariant{
+				{name: "cu129", env: []string{"CUDA_VERSION=12.9.1", "NVIDIA_REQUIRE_CUDA=cuda>=13.0"}, archs: []string{"amd64"}},
+			},
+			want: "NVIDIA_REQUIRE_CUDA needs cuda>=13.0, newer than CUDA_VERSION=12.9.1",
+		},
+		{
 			name: "label contradicts name",
 			src: []srcVariant{
 				{name: "cu13", env: cu13Env, labels: map[string]string{images.AnnotationVariant: "cu129"}, archs: []string{"amd64"}},
@@ -334,7 +341,7 @@ func TestPublishRefusals(t *testing.T) {
 		{
 			name: "no CUDA_VERSION",
 			src:  []srcVariant{{name: "cu13", archs: []string{"amd64"}}},
-			want: "no CUDA_VERSION in the image config",
+			want: "no CUDA_VERSION (nor cuda>= in NVIDIA_REQUIRE_CUDA) in the image config",
 		},
 		{
 			name: "unknown source repository",

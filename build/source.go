@@ -196,26 +196,41 @@ func checkImage(v Variant, c claim, img v1.Image, plat *v1.Platform) (*sourceIma
 		k, val, _ := strings.Cut(kv, "=")
 		env[k] = val
 	}
-	cv, ok := env["CUDA_VERSION"]
-	if !ok {
-		return nil, nil, fmt.Errorf("no CUDA_VERSION in the image config: cannot check that it targets CUDA %s", c)
+	req, err := images.RequirementsFromEnv(cf.Config.Env)
+	if err != nil {
+		return nil, nil, err
+	}
+	cv, what := env["CUDA_VERSION"], "CUDA_VERSION="
+	if cv == "" {
+		// As nodes derive it: an image on another base may state its CUDA
+		// only in NVIDIA_REQUIRE_CUDA.
+		cv, what = req.MinCUDA(), "NVIDIA_REQUIRE_CUDA cuda>="
+	}
+	if cv == "" {
+		return nil, nil, fmt.Errorf("no CUDA_VERSION (nor cuda>= in NVIDIA_REQUIRE_CUDA) in the image config: cannot check that it targets CUDA %s", c)
 	}
 	mm, err := images.ParseCUDAVersion(cv)
 	if err != nil {
-		return nil, nil, fmt.Errorf("CUDA_VERSION=%q: %w", cv, err)
+		return nil, nil, fmt.Errorf("%s%q: %w", what, cv, err)
 	}
 	ver, _ := node.ParseVersion(mm)
 	if !c.holds(ver) {
-		return nil, nil, fmt.Errorf("variant name %s claims CUDA %s, but the image config has CUDA_VERSION=%s; refusing to publish a mislabelled variant", v.Name, c, cv)
-	}
-	md, req, err := images.DeriveMetadata(cf.Config.Env, cf.Config.Labels)
-	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("variant name %s claims CUDA %s, but the image config has %s%s; refusing to publish a mislabelled variant", v.Name, c, what, cv)
 	}
 	if min := req.MinCUDA(); min != "" {
 		if mv, err := node.ParseVersion(min); err == nil && mv.Compare(ver) > 0 {
 			return nil, nil, fmt.Errorf("NVIDIA_REQUIRE_CUDA needs cuda>=%s, newer than CUDA_VERSION=%s: the config contradicts itself", min, cv)
 		}
+	}
+	labels := cf.Config.Labels
+	md := images.Metadata{Variant: v.Name, CUDA: mm, Probe: labels[images.AnnotationProbe], ProbeExec: labels[images.AnnotationProbeExec]}
+	switch {
+	case v.Archs != "":
+		md.Archs = v.Archs
+	case labels[images.AnnotationArchs] != "":
+		md.Archs = labels[images.AnnotationArchs]
+	default:
+		md.Archs = env["TORCH_CUDA_ARCH_LIST"]
 	}
 	// Labels and annotations already on the image are claims too.
 	for _, src := range []struct {
@@ -231,11 +246,6 @@ func checkImage(v Variant, c claim, img v1.Image, plat *v1.Platform) (*sourceIma
 				return nil, nil, fmt.Errorf("image %s %s=%s contradicts CUDA_VERSION=%s", src.what, images.AnnotationCUDA, l, cv)
 			}
 		}
-	}
-	md.Variant = v.Name
-	md.Engine, md.EngineVersion = "", ""
-	if v.Archs != "" {
-		md.Archs = v.Archs
 	}
 	if md.Archs != "" {
 		if _, err := images.ParseArchs(md.Archs); err != nil {
