@@ -256,10 +256,15 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 	if len(plan.Candidates) > 1 {
 		detail = fmt.Sprintf("all %d candidates failed: %s", len(st.Attempts), detail)
 	}
-	if old := matchPin(pins, Want{Engine: st.Engine, Version: st.Version, Ref: w.Ref}, ov); old != nil {
-		detail += "; the earlier pin " + old.Ref + " is unchanged"
+	st = st.fail("%s", detail)
+	if old := pinOf(pins, st.Key); old != nil {
+		st.Detail += "; the earlier pin " + old.Ref + " is unchanged"
+		if old.Node == fp {
+			// Still proved on this node as it is: replicas may keep starting from it.
+			st.Pin, st.Pinned = old, old.Ref
+		}
 	}
-	return st.fail("%s", detail)
+	return st
 }
 
 // try pulls, probes and pins one candidate under a lease.
@@ -311,6 +316,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, c images.Candidate, w
 
 // probe runs the candidate's probe in a container of the candidate image.
 func (p *Provisioner) probe(ctx context.Context, image string, c images.Candidate, engine string, facts *node.Facts) (*probe.Verdict, string, error) {
+	engine = probe.EngineFamily(engine)
 	kind, err := probe.Select(c.Meta.Probe, engine, p.opts.DefaultProbe)
 	if err != nil {
 		return nil, "", err
@@ -415,6 +421,15 @@ func matchPin(pins []runtime.Pin, w Want, ov images.Override) *runtime.Pin {
 		}
 		if pin.Source == w.Ref {
 			return pin
+		}
+	}
+	return nil
+}
+
+func pinOf(pins []runtime.Pin, key string) *runtime.Pin {
+	for i := range pins {
+		if pins[i].Key == key {
+			return &pins[i]
 		}
 	}
 	return nil

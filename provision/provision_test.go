@@ -362,3 +362,29 @@ func assertNoLeftovers(t *testing.T, rt *runtime.Runtime) {
 	}
 	_ = fmt.Sprint()
 }
+
+func TestProvisionSimulatedFailedOverrideKeepsServingEarlierPin(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129}, nil)
+	first := e.p.Provision(ctx, provision.Want{Ref: e.ref})
+	if first.State != provision.Ready {
+		t.Fatalf("%s: %s", first.State, first.Detail)
+	}
+	// Forcing cu13 on a CUDA 12.9 driver: it is still probed (and the
+	// simulated probe fails it as the real one would), with no fallback.
+	st := e.p.Provision(ctx, provision.Want{Ref: e.ref, Override: "cu13"})
+	if st.State != provision.Failed || len(st.Attempts) != 1 || st.Attempts[0].Variant != "cu13" {
+		t.Fatalf("state %s attempts %+v: %s", st.State, st.Attempts, st.Detail)
+	}
+	if !strings.Contains(st.Detail, "CUDA driver version is insufficient") {
+		t.Errorf("detail lacks the probe's reason: %s", st.Detail)
+	}
+	// The earlier pin still holds on this node: the status says where replicas start from.
+	if st.Pinned != first.Pinned {
+		t.Fatalf("failed status pinned %q, want the earlier pin %q", st.Pinned, first.Pinned)
+	}
+	pin, _ := e.rt.GetPin(ctx, "demo:1.0")
+	if pin == nil || pin.Ref != first.Pinned || pin.Variant != "cu129" {
+		t.Fatalf("pin after the failed override: %+v", pin)
+	}
+}
