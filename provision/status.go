@@ -57,17 +57,20 @@ type Attempt struct {
 // Status is the outcome of provisioning one want, with a detail a person
 // can act on.
 type Status struct {
-	Key      string         `json:"key"`
-	Engine   string         `json:"engine"`
-	Version  string         `json:"version"`
-	Ref      string         `json:"ref"`
-	Override string         `json:"override"`
-	State    State          `json:"state"`
-	Detail   string         `json:"detail"`
-	Variant  string         `json:"variant,omitempty"`
-	Pinned   string         `json:"pinned,omitempty"` // repo@sha256:… replicas start from
-	Pin      *runtime.Pin   `json:"pin,omitempty"`
-	Verdict  *probe.Verdict `json:"verdict,omitempty"`
+	Key      string `json:"key"`
+	Engine   string `json:"engine"`
+	Version  string `json:"version"`
+	Ref      string `json:"ref"`
+	Override string `json:"override"`
+	State    State  `json:"state"`
+	Detail   string `json:"detail"`
+	Variant  string `json:"variant,omitempty"`
+	// Pinned is the repo@sha256:… replicas start from. A failed status
+	// carries it too when an earlier pin, proved on this node as it is,
+	// stays in place.
+	Pinned  string         `json:"pinned,omitempty"`
+	Pin     *runtime.Pin   `json:"pin,omitempty"`
+	Verdict *probe.Verdict `json:"verdict,omitempty"`
 	// ProbeOutput is the tail of the passing probe's output.
 	ProbeOutput string             `json:"probe_output,omitempty"`
 	Attempts    []Attempt          `json:"attempts,omitempty"`
