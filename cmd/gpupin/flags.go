@@ -58,15 +58,10 @@ func printJSON(v any) error {
 }
 
 // readNode reads the node's facts: the file of --node (simulated) or NVML.
-func readNode(c *cli.Context) (*node.Facts, error) {
-	if p := c.String("node"); p != "" {
-		return node.LoadFile(p)
-	}
-	return node.NewReader().Read(c.Context)
-}
+func readNode(c *cli.Context) (*node.Facts, error) { return choiceNode(c) }
 
 func nodeReader(c *cli.Context) (node.Reader, error) {
-	if p := c.String("node"); p != "" {
+	if p := lineageString(c, "node"); p != "" {
 		f, err := node.LoadFile(p)
 		if err != nil {
 			return nil, err

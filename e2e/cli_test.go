@@ -1,0 +1,182 @@
+// Package e2e runs the gpupin binary as an operator would, against a real
+// containerd and a loopback registry, on simulated node facts.
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
+	"github.com/gpupin/gpupin/provision"
+	"github.com/gpupin/gpupin/runtime"
+)
+
+var gpupinBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "gpupin-e2e-bin-")
+	if err != nil {
+		panic(err)
+	}
+	gpupinBin = filepath.Join(dir, "gpupin")
+	build := exec.Command("go", "build", "-o", gpupinBin, "github.com/gpupin/gpupin/cmd/gpupin")
+	build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
+	if out, err := build.CombinedOutput(); err != nil {
+		panic("build gpupin: " + err.Error() + "\n" + string(out))
+	}
+	defer os.RemoveAll(dir)
+	testenv.Main(m)
+}
+
+type cli struct {
+	t    *testing.T
+	base []string
+	dir  string
+}
+
+func newCLI(t *testing.T, reg *sandbox.Registry) *cli {
+	d := testenv.Containerd(t)
+	dir := t.TempDir()
+	node := filepath.Join(dir, "node.json")
+	os.WriteFile(node, []byte(`{"driver":"580.82.07","cuda":"13.0","gpus":[{"index":0,"uuid":"GPU-e2e","name":"NVIDIA H100 80GB HBM3","cc":"9.0"}]}`), 0o644)
+	return &cli{t: t, dir: dir, base: []string{
+		"--address", d.Address, "--namespace", testenv.Namespace(t), "--node", node,
+		"--overrides", filepath.Join(dir, "overrides.yaml"),
+	}}
+}
+
+// run runs gpupin with the global flags, then args; command flags that
+// need the test's runc root are added after the command name.
+func (c *cli) run(args ...string) (string, int) {
+	c.t.Helper()
+	full := append([]string{}, c.base...)
+	full = append(full, args[0])
+	switch args[0] {
+	case "provision", "run", "probe":
+		full = append(full, "--runc-root", testenv.Containerd(c.t).RuncRoot)
+	}
+	if args[0] == "provision" || args[0] == "probe" {
+		full = append(full, "--probe-dir", filepath.Join(c.dir, "probe"))
+	}
+	full = append(full, args[1:]...)
+	cmd := exec.Command(gpupinBin, full...)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		c.t.Fatal(err)
+	}
+	return string(out), code
+}
+
+func TestCLISimulatedProvisionPinsRunProbeUnpinGC(t *testing.T) {
+	reg := testenv.Registry(t)
+	bad := sandbox.EngineVariant{Name: "cu13", CUDA: "13.0", Archs: "9.0", SimProbe: "fail"}
+	good := sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "9.0"}
+	if _, err := sandbox.PublishEngine(context.Background(), reg.Host, "eng", "2.0", []sandbox.EngineVariant{good, bad}); err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Host + "/eng:2.0"
+	c := newCLI(t, reg)
+
+	out, code := c.run("provision", "--json", ref)
+	if code != 0 {
+		t.Fatalf("provision exit %d:\n%s", code, out)
+	}
+	var sts []provision.Status
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &sts); err != nil {
+		t.Fatalf("provision --json: %v\n%s", err, out)
+	}
+	if len(sts) != 1 || sts[0].State != provision.Ready || sts[0].Variant != "cu129" || !sts[0].Simulated || len(sts[0].Attempts) != 1 {
+		t.Fatalf("statuses: %+v", sts)
+	}
+	pinned := sts[0].Pinned
+
+	out, code = c.run("pins")
+	if code != 0 || !strings.Contains(out, "eng:2.0") || !strings.Contains(out, "proved, SIMULATED") {
+		t.Fatalf("pins exit %d:\n%s", code, out)
+	}
+
+	out, code = c.run("run", "eng:2.0", "--", "/bin/sh", "-c", "echo replica CUDA_VERSION=$CUDA_VERSION; exit 7")
+	if code != 7 || !strings.Contains(out, "replica CUDA_VERSION=12.9.0") || !strings.Contains(out, "SIMULATED") {
+		t.Fatalf("run exit %d (want the replica's 7):\n%s", code, out)
+	}
+
+	out, code = c.run("probe", "--json", pinned)
+	if code != 0 || !strings.Contains(out, `"ok": true`) || !strings.Contains(out, `"simulated": true`) {
+		t.Fatalf("probe exit %d:\n%s", code, out)
+	}
+
+	out, code = c.run("unpin", "eng:2.0")
+	if code != 0 || !strings.Contains(out, "unpinned eng:2.0") {
+		t.Fatalf("unpin exit %d:\n%s", code, out)
+	}
+	// The unpinned image is the previous pin: gc keeps it, gc --all removes it.
+	out, code = c.run("gc", "--json")
+	if code != 0 || strings.Contains(out, pinned+`"`+"\n") && strings.Contains(out, `"removed": [`+"\n"+`    "`+pinned) {
+		t.Fatalf("gc exit %d:\n%s", code, out)
+	}
+	var gc struct{ Removed, Kept []string }
+	json.Unmarshal([]byte(out), &gc)
+	if !contains(gc.Kept, pinned) {
+		t.Fatalf("gc removed the previous pin %s: %+v", pinned, gc)
+	}
+	out, code = c.run("gc", "--all", "--json")
+	json.Unmarshal([]byte(out), &gc)
+	if code != 0 || !contains(gc.Removed, pinned) {
+		t.Fatalf("gc --all exit %d did not remove %s:\n%s", code, pinned, out)
+	}
+	out, code = c.run("run", "eng:2.0", "--", "true")
+	if code != 1 || !strings.Contains(out, "has no pin") {
+		t.Fatalf("run after unpin exit %d:\n%s", code, out)
+	}
+}
+
+func TestCLISimulatedProvisionExitCodes(t *testing.T) {
+	reg := testenv.Registry(t)
+	if _, err := sandbox.PublishEngine(context.Background(), reg.Host, "eng", "3.0",
+		[]sandbox.EngineVariant{{Name: "cu129", CUDA: "12.9", Archs: "9.0", SimProbe: "fail"}}); err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Host + "/eng:3.0"
+	c := newCLI(t, reg)
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"probe fails", []string{"provision", ref}, 1, "FAILED"},
+		{"override none", []string{"provision", "--override", "none", ref}, 3, "DISABLED"},
+		{"bad override", []string{"provision", "--override", "Not A Variant!", ref}, 2, "accepted forms"},
+		{"bad reference", []string{"provision", "UPPER/Case::x"}, 2, "reference"},
+		{"unknown variant", []string{"provision", "--override", "cu99", ref}, 1, "no such variant"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, code := c.run(tc.args...)
+			if code != tc.code || !strings.Contains(out, tc.want) {
+				t.Fatalf("exit %d (want %d), output lacks %q:\n%s", code, tc.code, tc.want, out)
+			}
+		})
+	}
+	if pins, _ := testenv.Runtime(t).Pins(context.Background()); len(pins) != 0 {
+		t.Fatalf("pins after failures: %+v", pins)
+	}
+	_ = runtime.LabelPin
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
