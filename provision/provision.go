@@ -50,6 +50,9 @@ type Options struct {
 	DefaultProbe string
 	// Progress receives pull progress.
 	Progress func(key string, p runtime.Progress)
+	// LockDir holds the per-engine file locks that keep two processes from
+	// provisioning one engine at once; "" means no cross-process lock.
+	LockDir string
 	// OverrideFor gives the operator's override of an engine when a want
 	// names none (the overrides file).
 	OverrideFor func(engine string) (images.Override, bool)
@@ -157,6 +160,11 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 	if st.Engine != "" && st.Version != "" {
 		st.Key = st.Engine + ":" + st.Version
 	}
+	unlock, err := lockEngine(ctx, p.opts.LockDir, guess)
+	if err != nil {
+		return st.fail("%v", err)
+	}
+	defer unlock()
 	facts, err := p.node.Read(ctx)
 	if err != nil {
 		return st.fail("read node facts: %v", err)

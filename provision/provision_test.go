@@ -388,3 +388,34 @@ func TestProvisionSimulatedFailedOverrideKeepsServingEarlierPin(t *testing.T) {
 		t.Fatalf("pin after the failed override: %+v", pin)
 	}
 }
+
+func TestProvisionSimulatedTwoProcessesOneEngineWait(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu129}, nil)
+	lockDir := t.TempDir()
+	// Another process holds the engine's lock: this provision waits for it.
+	release, err := provision.LockEngineForTest(ctx, lockDir, "demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := provision.New(e.rt, &images.Resolver{}, e.node, provision.Options{LockDir: lockDir, ProbeDir: t.TempDir()})
+	done := make(chan provision.Status, 1)
+	go func() { done <- p.Provision(ctx, provision.Want{Ref: e.ref}) }()
+	select {
+	case st := <-done:
+		t.Fatalf("provisioned while another process held the lock: %s", st.State)
+	case <-time.After(500 * time.Millisecond):
+	}
+	release()
+	if st := <-done; st.State != provision.Ready {
+		t.Fatalf("%s: %s", st.State, st.Detail)
+	}
+	// A cancelled wait says what it waited for.
+	release, _ = provision.LockEngineForTest(ctx, lockDir, "demo")
+	defer release()
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if st := p.Provision(cctx, provision.Want{Ref: e.ref}); st.State != provision.Failed || !strings.Contains(st.Detail, "another gpupin") {
+		t.Fatalf("%s: %s", st.State, st.Detail)
+	}
+}

@@ -29,6 +29,7 @@ func provisionCommand() *cli.Command {
 			&cli.StringFlag{Name: "probe", Usage: "probe to use when neither the image nor the engine names one: torch, cuda, exec"},
 			&cli.StringFlag{Name: "probe-dir", Usage: "where probe programs are staged on the host"},
 			&cli.StringFlag{Name: "cuda-probe", Usage: "path of the gpupin-cuda-probe binary"},
+			&cli.StringFlag{Name: "lock-dir", Value: "/run/gpupin/locks", Usage: "per-engine locks shared with the agent and other gpupin processes"},
 			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the statuses as JSON"},
 		}, gpuFlags()...), runtimeFlags()...),
@@ -129,6 +130,7 @@ func newProvisioner(c *cli.Context) (*provision.Provisioner, func(), bool, error
 		GPUs:            gpus,
 		Progress:        pp.report,
 		OverrideFor:     of.Get,
+		LockDir:         c.String("lock-dir"),
 	}
 	if !jsonOut(c) {
 		opts.OnState = func(st provision.Status) {

@@ -1,0 +1,4 @@
+package provision
+
+// LockEngineForTest takes the engine lock as another process would.
+var LockEngineForTest = lockEngine
