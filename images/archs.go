@@ -56,7 +56,9 @@ func ParseArchs(s string) (Archs, error) {
 // major), or PTX for any capability ≤ the GPU's (the driver JITs it).
 func (as Archs) Covers(cc node.CC) bool {
 	for _, a := range as {
-		if a.PTX && !cc.Less(a.CC) {
+		// PTX of an arch-specific target (compute_90a) is not forward
+		// compatible: it JITs on that capability only, as its SASS runs.
+		if a.PTX && !a.Specific && !cc.Less(a.CC) {
 			return true
 		}
 		if a.Specific {

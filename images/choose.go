@@ -73,7 +73,7 @@ func Choose(f *node.Facts, set *Set, ov Override) *Plan {
 		if !seen[v.Variant] {
 			seen[v.Variant] = true
 			p.Rejected = append(p.Rejected, Rejection{Variant: v.Variant, Platform: v.Platform,
-				Reason: fmt.Sprintf("%s is published for %s only, not for this node's %s", v.Variant, platformsOf(set, v.Variant), f.Platform)})
+				Reason: fmt.Sprintf("%s is published for %s only, not for this node's %s: publish it for %s or use another image", v.Variant, platformsOf(set, v.Variant), f.Platform, f.Platform)})
 		}
 	}
 
@@ -136,13 +136,17 @@ func Reject(f *node.Facts, v Variant) string {
 	if err != nil {
 		return fmt.Sprintf("%s: CUDA version %q unreadable", v.Variant, v.CUDA)
 	}
-	if v.Require != nil {
+	switch {
+	case v.Require != nil:
 		// Derived: the image's own constraints decide, forward-compatibility
 		// branches included.
 		if ok, why := v.Require.Check(f); !ok {
 			return fmt.Sprintf("%s: %s", v.Variant, why)
 		}
-	} else if nodeCUDA.Compare(need) < 0 {
+	case v.RequireDisabled:
+		// The image turned the check off (NVIDIA_DISABLE_REQUIRE); the probe
+		// still decides whether it runs.
+	case nodeCUDA.Compare(need) < 0:
 		return fmt.Sprintf("driver %s supports CUDA %s; %s needs %s: upgrade the driver or use a variant built for CUDA ≤ %s", f.Driver, f.CUDA, v.Variant, v.CUDA, f.CUDA)
 	}
 	if v.DriverMin != "" {

@@ -3,6 +3,7 @@ package images
 import (
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/gpupin/gpupin/node"
@@ -34,17 +35,20 @@ func (c Constraint) String() string { return c.Key + c.Op + c.Value }
 
 const maxRequire = 8192
 
-// ParseRequireVar parses the value of one NVIDIA_REQUIRE_* variable.
+// ParseRequireVar parses the value of one NVIDIA_REQUIRE_* variable. As in
+// libnvidia-container, empty terms (",,", a trailing comma) are skipped; an
+// alternative made only of commas is kept, empty, because it changes the
+// outcome (see holds).
 func ParseRequireVar(name, value string) (RequireVar, error) {
 	if len(value) > maxRequire {
 		return RequireVar{}, fmt.Errorf("%s: %d bytes, more than %d", name, len(value), maxRequire)
 	}
 	v := RequireVar{Name: name, Raw: value}
 	for _, alt := range strings.Fields(value) {
-		var and []Constraint
+		and := []Constraint{}
 		for _, term := range strings.Split(alt, ",") {
 			if term == "" {
-				return RequireVar{}, fmt.Errorf("%s: empty constraint in %q", name, alt)
+				continue
 			}
 			c, err := parseConstraint(term)
 			if err != nil {
@@ -99,10 +103,11 @@ func parseConstraint(term string) (Constraint, error) {
 	return c, nil
 }
 
-// RequirementsFromEnv reads the constraints from an image config's Env. An
-// image with CUDA_VERSION and no NVIDIA_REQUIRE_CUDA requires cuda>=major.minor,
-// as libnvidia-container assumes. NVIDIA_DISABLE_REQUIRE turns the check off
-// (nil, nil).
+// RequirementsFromEnv reads the constraints from an image config's Env, as
+// the NVIDIA Container Toolkit collects them: every NVIDIA_REQUIRE_* variable
+// except NVIDIA_REQUIRE_JETPACK*, and, for an image with CUDA_VERSION and no
+// (or an empty) NVIDIA_REQUIRE_CUDA, cuda>=major.minor. NVIDIA_DISABLE_REQUIRE
+// set to a true value (strconv.ParseBool) turns the check off: (nil, nil).
 func RequirementsFromEnv(env []string) (*Requirements, error) {
 	vars := map[string]string{}
 	for _, kv := range env {
@@ -114,7 +119,7 @@ func RequirementsFromEnv(env []string) (*Requirements, error) {
 	}
 	var names []string
 	for k := range vars {
-		if strings.HasPrefix(k, "NVIDIA_REQUIRE_") {
+		if strings.HasPrefix(k, "NVIDIA_REQUIRE_") && !strings.HasPrefix(k, "NVIDIA_REQUIRE_JETPACK") {
 			names = append(names, k)
 		}
 	}
@@ -129,8 +134,8 @@ func RequirementsFromEnv(env []string) (*Requirements, error) {
 			r.Vars = append(r.Vars, v)
 		}
 	}
-	if _, ok := vars["NVIDIA_REQUIRE_CUDA"]; !ok {
-		if cv, ok := vars["CUDA_VERSION"]; ok {
+	if vars["NVIDIA_REQUIRE_CUDA"] == "" {
+		if cv := vars["CUDA_VERSION"]; cv != "" {
 			ver, err := node.ParseVersion(cv)
 			if err != nil {
 				return nil, fmt.Errorf("CUDA_VERSION: %w", err)
@@ -143,12 +148,11 @@ func RequirementsFromEnv(env []string) (*Requirements, error) {
 	return r, nil
 }
 
+// isTrue reads a boolean as the toolkit does (strconv.ParseBool); anything
+// unreadable is false.
 func isTrue(s string) bool {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "1", "true", "yes", "on":
-		return true
-	}
-	return false
+	b, err := strconv.ParseBool(s)
+	return err == nil && b
 }
 
 func majorMinor(v node.Version) string {
@@ -193,8 +197,17 @@ func (r *Requirements) MinCUDA() string {
 	return ""
 }
 
+// holds evaluates the variable for one GPU the way libnvidia-container's
+// dsl_evaluate does: alternatives in order, each an AND of its terms; the
+// first that holds wins. An alternative with no terms stops the evaluation
+// with the result of the last term evaluated (true if none was), which is
+// what its loop does.
 func (v RequireVar) holds(f *node.Facts, g node.GPU) bool {
+	last := true
 	for _, alt := range v.Alternatives {
+		if len(alt) == 0 {
+			return last
+		}
 		ok := true
 		for _, c := range alt {
 			if !c.holds(f, g) {
@@ -205,13 +218,19 @@ func (v RequireVar) holds(f *node.Facts, g node.GPU) bool {
 		if ok {
 			return true
 		}
+		last = false
 	}
-	return false
+	return last
 }
 
 func (c Constraint) holds(f *node.Facts, g node.GPU) bool {
 	switch c.Key {
 	case "brand":
+		if g.Brand == "" {
+			// Unknown to us (facts without a brand): match no brand term
+			// either way, so no forward-compatibility branch is taken on a guess.
+			return false
+		}
 		eq := strings.EqualFold(g.Brand, c.Value)
 		if c.Op == "!=" {
 			return !eq
@@ -260,22 +279,53 @@ func compare(cmp int, op string) bool {
 func (v RequireVar) reason(f *node.Facts, g node.GPU) string {
 	// The first alternative is the main branch (cuda>=X); the rest are
 	// forward-compatibility branches for datacenter brands.
-	main := v.Alternatives[0]
+	var main []Constraint
+	if len(v.Alternatives) > 0 {
+		main = v.Alternatives[0]
+	}
 	var failed []string
+	facts := map[string]string{}
 	for _, c := range main {
-		if !c.holds(f, g) {
-			failed = append(failed, c.String())
+		if c.holds(f, g) {
+			continue
+		}
+		failed = append(failed, c.String())
+		switch c.Key {
+		case "cuda":
+			facts["cuda"] = fmt.Sprintf("driver %s supports CUDA %s", f.Driver, f.CUDA)
+		case "driver":
+			facts["driver"] = fmt.Sprintf("the driver is %s", f.Driver)
+		case "arch":
+			facts["arch"] = fmt.Sprintf("GPU %d (%s) has compute capability %s", g.Index, g.Name, g.CC)
+		case "brand":
+			facts["brand"] = fmt.Sprintf("GPU %d is of brand %s", g.Index, brandOf(g))
 		}
 	}
-	s := fmt.Sprintf("driver %s supports CUDA %s; %s needs %s", f.Driver, f.CUDA, v.Name, strings.Join(failed, ","))
-	if n := len(v.Alternatives) - 1; n > 0 {
-		brand := g.Brand
-		if brand == "" {
-			brand = "unknown"
+	var said []string
+	for _, k := range []string{"cuda", "driver", "arch", "brand"} {
+		if s, ok := facts[k]; ok {
+			said = append(said, s)
 		}
-		s += fmt.Sprintf(", and none of its %d brand/driver branches matches GPU %d (brand %s, driver %s)", n, g.Index, brand, f.Driver)
+	}
+	if len(failed) == 0 {
+		failed = []string{v.Raw}
+		said = []string{fmt.Sprintf("driver %s (CUDA %s), GPU %d (%s, compute capability %s, brand %s)", f.Driver, f.CUDA, g.Index, g.Name, g.CC, brandOf(g))}
+	}
+	s := fmt.Sprintf("%s; %s needs %s", strings.Join(said, ", "), v.Name, strings.Join(failed, ","))
+	if n := len(v.Alternatives) - 1; n > 0 {
+		s += fmt.Sprintf(", and none of its %d brand/driver branches matches GPU %d (brand %s, driver %s)", n, g.Index, brandOf(g), f.Driver)
+	}
+	if _, ok := facts["cuda"]; ok {
+		s += ": upgrade the driver or use a variant built for an older CUDA"
 	}
 	return s
+}
+
+func brandOf(g node.GPU) string {
+	if g.Brand == "" {
+		return "unknown"
+	}
+	return g.Brand
 }
 
 func parseVersion(s string) (node.Version, error) { return node.ParseVersion(s) }

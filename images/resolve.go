@@ -53,6 +53,9 @@ type Variant struct {
 	// from gpupin's annotations.
 	Derived bool          `json:"derived"`
 	Require *Requirements `json:"-"`
+	// RequireDisabled is true for a derived variant whose image sets
+	// NVIDIA_DISABLE_REQUIRE: its CUDA requirement is not checked.
+	RequireDisabled bool `json:"require_disabled,omitempty"`
 }
 
 func (r *Resolver) options(ctx context.Context) []remote.Option {
@@ -168,9 +171,22 @@ func (r *Resolver) entry(ctx context.Context, repo name.Repository, d v1.Descrip
 }
 
 // fromImage reads a variant from the manifest's annotations or, failing
-// those, derives it from the config.
+// those, derives it from the config. The config blob is fetched only when it
+// is needed: to derive metadata, or to learn the platform of an image that
+// no index entry describes.
 func (r *Resolver) fromImage(repo name.Repository, d v1.Descriptor, img v1.Image) (Variant, error) {
-	v := Variant{Ref: repo.Digest(d.Digest.String()).Name(), Digest: d.Digest.String()}
+	v := Variant{Ref: repo.Digest(d.Digest.String()).Name(), Digest: d.Digest.String(), Platform: platformString(d.Platform)}
+	annotated := HasMetadata(d.Annotations)
+	if annotated {
+		md, err := ParseAnnotations(d.Annotations)
+		if err != nil {
+			return Variant{}, err
+		}
+		v.Metadata = md
+		if d.Platform != nil {
+			return v, nil
+		}
+	}
 	m, err := img.Manifest()
 	if err != nil {
 		return Variant{}, err
@@ -182,16 +198,10 @@ func (r *Resolver) fromImage(repo name.Repository, d v1.Descriptor, img v1.Image
 	if err != nil {
 		return Variant{}, fmt.Errorf("config: %w", err)
 	}
-	v.Platform = platformString(&v1.Platform{OS: cf.OS, Architecture: cf.Architecture, Variant: cf.Variant})
-	if d.Platform != nil {
-		v.Platform = platformString(d.Platform)
+	if d.Platform == nil && cf.OS != "" {
+		v.Platform = platformString(&v1.Platform{OS: cf.OS, Architecture: cf.Architecture, Variant: cf.Variant})
 	}
-	if HasMetadata(d.Annotations) {
-		md, err := ParseAnnotations(d.Annotations)
-		if err != nil {
-			return Variant{}, err
-		}
-		v.Metadata = md
+	if annotated {
 		return v, nil
 	}
 	md, req, err := DeriveMetadata(cf.Config.Env, cf.Config.Labels)
@@ -199,6 +209,7 @@ func (r *Resolver) fromImage(repo name.Repository, d v1.Descriptor, img v1.Image
 		return Variant{}, err
 	}
 	v.Metadata, v.Require, v.Derived = md, req, true
+	v.RequireDisabled = req == nil
 	return v, nil
 }
 
@@ -210,17 +221,22 @@ func DeriveMetadata(env []string, labels map[string]string) (Metadata, *Requirem
 		k, val, _ := strings.Cut(kv, "=")
 		vars[k] = val
 	}
-	cv, ok := vars["CUDA_VERSION"]
-	if !ok {
-		return Metadata{}, nil, errors.New("no gpupin annotations and no CUDA_VERSION in the image config: cannot tell which CUDA it needs")
+	req, err := RequirementsFromEnv(env)
+	if err != nil {
+		return Metadata{}, nil, err
+	}
+	cv := vars["CUDA_VERSION"]
+	if cv == "" {
+		// An image built on another base may still state its CUDA in
+		// NVIDIA_REQUIRE_CUDA (cuda>=X); that is the version it needs.
+		cv = req.MinCUDA()
+	}
+	if cv == "" {
+		return Metadata{}, nil, errors.New("no gpupin annotations, no CUDA_VERSION and no cuda>= in NVIDIA_REQUIRE_CUDA in the image config: cannot tell which CUDA it needs")
 	}
 	ver, err := ParseCUDAVersion(cv)
 	if err != nil {
 		return Metadata{}, nil, fmt.Errorf("CUDA_VERSION: %w", err)
-	}
-	req, err := RequirementsFromEnv(env)
-	if err != nil {
-		return Metadata{}, nil, err
 	}
 	md := Metadata{Variant: VariantNameForCUDA(ver), CUDA: ver}
 	if a := labels[AnnotationArchs]; a != "" {
@@ -326,5 +342,3 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 }
 
 func (b *limitedBody) Close() error { return b.rc.Close() }
-
-

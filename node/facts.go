@@ -100,6 +100,10 @@ func LoadFile(path string) (*Facts, error) {
 	if f.Platform == "" {
 		f.Platform = HostPlatform()
 	}
+	if f.GPUs == nil {
+		// Printed as [] rather than null, as NVML's reader does.
+		f.GPUs = []GPU{}
+	}
 	f.Simulated = true
 	if err := f.Validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -133,13 +137,25 @@ func ParseVersion(s string) (Version, error) {
 	}
 	v := make(Version, len(fields))
 	for i, p := range fields {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 0 || len(p) > 9 {
+		// Digits only: Atoi alone would take "+5" and "-0".
+		if !allDigits(p) || len(p) > 9 {
 			return nil, fmt.Errorf("version %q: %q is not a number", s, p)
 		}
-		v[i] = n
+		v[i], _ = strconv.Atoi(p)
 	}
 	return v, nil
+}
+
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // Compare returns -1, 0 or 1; missing parts count as 0.
@@ -181,7 +197,8 @@ func ParseCC(s string) (CC, error) {
 	}
 	a, err1 := strconv.Atoi(maj)
 	b, err2 := strconv.Atoi(min)
-	if err1 != nil || err2 != nil || a < 1 || a > 99 || b < 0 || b > 9 {
+	if !allDigits(maj) || !allDigits(min) || len(maj) > 2 || len(min) > 1 ||
+		err1 != nil || err2 != nil || a < 1 || b < 0 {
 		return CC{}, fmt.Errorf("compute capability %q: want major.minor, e.g. 9.0", s)
 	}
 	return CC{a, b}, nil

@@ -30,7 +30,14 @@ func (n NVML) Read(ctx context.Context) (*Facts, error) {
 	}
 	f := &Facts{Platform: HostPlatform(), GPUs: []GPU{}}
 	if ret := lib.Init(); ret != nvml.SUCCESS {
-		f.Unsupported = fmt.Sprintf("no NVIDIA driver (NVML init: %s)", nvmlErr(lib, ret))
+		switch ret {
+		case nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED:
+			f.Unsupported = fmt.Sprintf("no NVIDIA driver (NVML init: %s)", nvmlErr(lib, ret))
+		default:
+			// A driver may be there but unusable (permissions, version
+			// mismatch after an upgrade without reboot): say that, not "no driver".
+			f.Unsupported = fmt.Sprintf("NVIDIA driver unusable (NVML init: %s)", nvmlErr(lib, ret))
+		}
 		return f, nil
 	}
 	defer lib.Shutdown()
@@ -105,6 +112,9 @@ func readDevice(lib nvml.Interface, i int) (GPU, error) {
 	return g, nil
 }
 
-func nvmlErr(lib nvml.Interface, r nvml.Return) string {
-	return fmt.Sprintf("%s (%d)", lib.ErrorString(r), int32(r))
+// nvmlErr names a return code. It uses Return.Error, which works with or
+// without the library loaded, rather than lib.ErrorString: other Interface
+// implementations (mocks, partial wrappers) may not implement it.
+func nvmlErr(_ nvml.Interface, r nvml.Return) string {
+	return fmt.Sprintf("%s (%d)", r.Error(), int32(r))
 }

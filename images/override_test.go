@@ -1,0 +1,150 @@
+package images
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParseOverride(t *testing.T) {
+	tests := []struct {
+		in      string
+		kind    OverrideKind
+		str     string
+		wantErr string
+	}{
+		{in: "", kind: OverrideAuto, str: "auto"},
+		{in: "auto", kind: OverrideAuto, str: "auto"},
+		{in: " none ", kind: OverrideNone, str: "none"},
+		{in: "cu129", kind: OverrideVariant, str: "cu129"},
+		{in: "cu128-sm90", kind: OverrideVariant, str: "cu128-sm90"},
+		{in: "registry.example/org/vllm:0.11.0-custom", kind: OverrideImage, str: "registry.example/org/vllm:0.11.0-custom"},
+		{in: "127.0.0.1:5000/vllm@sha256:" + strings.Repeat("a", 64), kind: OverrideImage, str: "127.0.0.1:5000/vllm@sha256:" + strings.Repeat("a", 64)},
+		{in: "vllm:latest", kind: OverrideImage, str: "vllm:latest"},
+		{in: "Auto", wantErr: "accepted forms"},
+		{in: "cu 129", wantErr: "accepted forms"},
+		{in: "CU129", wantErr: "not a variant name"},
+		{in: "registry.example/Org/vllm:1", wantErr: "accepted forms"},
+		{in: "reg/vllm@sha256:abc", wantErr: "accepted forms"},
+		{in: "reg/vllm:", wantErr: "accepted forms"},
+		{in: strings.Repeat("a", 600), wantErr: "too long"},
+	}
+	for _, tc := range tests {
+		o, err := ParseOverride(tc.in)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("ParseOverride(%q) = %+v, %v; want error %q", tc.in, o, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || o.Kind != tc.kind || o.String() != tc.str {
+			t.Errorf("ParseOverride(%q) = %+v (%q), %v; want %s %q", tc.in, o, o.String(), err, tc.kind, tc.str)
+		}
+	}
+}
+
+func TestOverrideFile(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "etc", "gpupin") // parent does not exist yet
+	path := filepath.Join(dir, "overrides.yaml")
+
+	of, err := LoadOverrides(path)
+	if err != nil || len(of.Overrides) != 0 {
+		t.Fatalf("missing file: %+v, %v; want empty", of, err)
+	}
+	if o, set := of.Get("vllm"); set || o.Kind != OverrideAuto {
+		t.Fatalf("Get on empty = %+v, %v; want auto, unset", o, set)
+	}
+	for engine, value := range map[string]string{"vllm": "cu129", "sglang": "none", "llama.cpp": "registry.example/org/llama:b1-cu13"} {
+		if _, err := of.Set(engine, value); err != nil {
+			t.Fatalf("Set(%s, %s): %v", engine, value, err)
+		}
+	}
+	if err := of.Save(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm() != 0o644 {
+		t.Fatalf("stat: %v, mode %v; want 0644", err, st.Mode())
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("directory holds %d entries, want only the file (no temp files left)", len(entries))
+	}
+
+	back, err := LoadOverrides(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, set := back.Get("vllm"); !set || o.Kind != OverrideVariant || o.Variant != "cu129" {
+		t.Errorf("vllm = %+v, %v", o, set)
+	}
+	if o, _ := back.Get("sglang"); o.Kind != OverrideNone {
+		t.Errorf("sglang = %+v", o)
+	}
+	if o, _ := back.Get("llama.cpp"); o.Kind != OverrideImage || o.Image != "registry.example/org/llama:b1-cu13" {
+		t.Errorf("llama.cpp = %+v", o)
+	}
+	if got := strings.Join(back.Engines(), ","); got != "llama.cpp,sglang,vllm" {
+		t.Errorf("Engines = %s", got)
+	}
+
+	// A mode the operator chose survives a rewrite.
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !back.Clear("sglang") || back.Clear("sglang") {
+		t.Error("Clear should report true once, then false")
+	}
+	if err := back.Save(); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(path); st.Mode().Perm() != 0o600 {
+		t.Errorf("mode after rewrite = %v, want 0600 kept", st.Mode().Perm())
+	}
+	again, err := LoadOverrides(path)
+	if err != nil || len(again.Overrides) != 2 {
+		t.Errorf("after clear: %+v, %v; want 2 overrides", again, err)
+	}
+}
+
+func TestOverrideFileRefuses(t *testing.T) {
+	of := &OverrideFile{Path: filepath.Join(t.TempDir(), "o.yaml")}
+	for _, tc := range []struct{ engine, value, want string }{
+		{"vllm", "CU129", "accepted forms"},
+		{"vllm", "reg/x:", "accepted forms"},
+		{"VLLM", "cu129", "not an engine name"},
+		{"a/b", "cu129", "not an engine name"},
+	} {
+		if _, err := of.Set(tc.engine, tc.value); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Set(%q, %q) = %v, want %q", tc.engine, tc.value, err, tc.want)
+		}
+	}
+	if len(of.Overrides) != 0 {
+		t.Errorf("refused values were recorded: %v", of.Overrides)
+	}
+
+	bad := []struct{ name, body, want string }{
+		{"bad value", "overrides:\n  vllm: CU13\n", "engine vllm"},
+		{"bad engine", "overrides:\n  Bad/Engine: cu13\n", "not an engine name"},
+		{"misspelt key", "overides:\n  vllm: cu13\n", "parse overrides"},
+		{"not yaml", "overrides: [unclosed\n", "parse overrides"},
+		{"value not a string", "overrides:\n  vllm: [cu13]\n", "parse overrides"},
+	}
+	for _, tc := range bad {
+		path := filepath.Join(t.TempDir(), "o.yaml")
+		if err := os.WriteFile(path, []byte(tc.body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadOverrides(path); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: LoadOverrides = %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	// A file the hand wrote in flow style reads.
+	path := filepath.Join(t.TempDir(), "o.yaml")
+	os.WriteFile(path, []byte("overrides: {vllm: cu129, sglang: none}\n"), 0o644)
+	of2, err := LoadOverrides(path)
+	if err != nil || of2.Overrides["vllm"] != "cu129" || of2.Overrides["sglang"] != "none" {
+		t.Errorf("flow style: %+v, %v", of2, err)
+	}
+}

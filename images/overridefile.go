@@ -1,0 +1,172 @@
+package images
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// DefaultOverridesPath is where the CLI keeps the node's overrides.
+const DefaultOverridesPath = "/etc/gpupin/overrides.yaml"
+
+// OverrideFile is the node's overrides, one per engine, as kept on disk:
+//
+//	overrides:
+//	  vllm: cu129
+//	  sglang: none
+type OverrideFile struct {
+	Path string
+	// Overrides maps an engine to its override as written (ParseOverride reads it).
+	Overrides map[string]string
+}
+
+type overrideDoc struct {
+	Overrides map[string]string `json:"overrides"`
+}
+
+const overrideHeader = "# gpupin overrides, per engine: auto | none | a variant name (cu129) | an image reference.\n# Written by `gpupin override`; edits by hand are read too.\n"
+
+// ValidEngineName reports whether s can name an engine: lower-case letters,
+// digits, '.', '_' and '-', starting with a letter or digit, at most 64 bytes.
+func ValidEngineName(s string) bool { return validEngine(s) }
+
+// LoadOverrides reads the overrides file. A missing file is no overrides:
+// every engine is auto. Every entry is validated, so a bad hand edit is an
+// error that names the file and the engine rather than a wrong choice later.
+func LoadOverrides(path string) (*OverrideFile, error) {
+	of := &OverrideFile{Path: path, Overrides: map[string]string{}}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return of, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read overrides: %w", err)
+	}
+	var doc overrideDoc
+	// Strict: a misspelt top-level key would otherwise silently mean "no overrides".
+	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
+		return nil, fmt.Errorf("parse overrides %s: %w (want `overrides: {ENGINE: VALUE}`)", path, err)
+	}
+	for engine, value := range doc.Overrides {
+		if !ValidEngineName(engine) {
+			return nil, fmt.Errorf("overrides %s: %q is not an engine name (lower-case letters, digits, '.', '_', '-')", path, engine)
+		}
+		if _, err := ParseOverride(value); err != nil {
+			return nil, fmt.Errorf("overrides %s: engine %s: %w", path, engine, err)
+		}
+		of.Overrides[engine] = strings.TrimSpace(value)
+	}
+	return of, nil
+}
+
+// Get returns the engine's override; auto when none is set.
+func (of *OverrideFile) Get(engine string) (Override, bool) {
+	v, ok := of.Overrides[engine]
+	if !ok {
+		return Override{Kind: OverrideAuto}, false
+	}
+	o, err := ParseOverride(v)
+	if err != nil {
+		// Load and Set validate; a value that fails here was put in the map
+		// by hand, and auto is the safe reading.
+		return Override{Kind: OverrideAuto}, false
+	}
+	return o, true
+}
+
+// Engines lists the engines with an override, sorted.
+func (of *OverrideFile) Engines() []string {
+	out := make([]string, 0, len(of.Overrides))
+	for e := range of.Overrides {
+		out = append(out, e)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Set validates and records an override in memory; Save writes it.
+func (of *OverrideFile) Set(engine, value string) (Override, error) {
+	if !ValidEngineName(engine) {
+		return Override{}, fmt.Errorf("%q is not an engine name (lower-case letters, digits, '.', '_', '-', e.g. vllm)", engine)
+	}
+	o, err := ParseOverride(value)
+	if err != nil {
+		return Override{}, err
+	}
+	if of.Overrides == nil {
+		of.Overrides = map[string]string{}
+	}
+	of.Overrides[engine] = o.String()
+	return o, nil
+}
+
+// Clear removes an engine's override in memory; it reports whether one was set.
+func (of *OverrideFile) Clear(engine string) bool {
+	_, ok := of.Overrides[engine]
+	delete(of.Overrides, engine)
+	return ok
+}
+
+// Save writes the file atomically: a temporary file in the same directory,
+// fsynced, renamed over the old one, and the directory fsynced, so a crash
+// leaves the old file or the new one, never half of one. The parent
+// directory is created; an existing file keeps its mode, a new one is 0644.
+func (of *OverrideFile) Save() error {
+	body, err := yaml.Marshal(overrideDoc{Overrides: of.Overrides})
+	if err != nil {
+		return fmt.Errorf("encode overrides: %w", err)
+	}
+	return writeFileAtomic(of.Path, append([]byte(overrideHeader), body...), 0o644)
+}
+
+func writeFileAtomic(path string, data []byte, mode fs.FileMode) (err error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if st, err := os.Stat(path); err == nil {
+		mode = st.Mode().Perm()
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err = tmp.Write(data); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	// CreateTemp makes 0600 files; an explicit chmod also ignores the umask.
+	if err = tmp.Chmod(mode); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err = tmp.Sync(); err != nil {
+		return fmt.Errorf("write %s: fsync: %w", path, err)
+	}
+	if err = tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err = os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	// The rename is durable only once the directory entry is.
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("write %s: open dir: %w", path, err)
+	}
+	defer d.Close()
+	if err = d.Sync(); err != nil {
+		return fmt.Errorf("write %s: fsync dir: %w", path, err)
+	}
+	return nil
+}
