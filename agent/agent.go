@@ -1,0 +1,174 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/provision"
+	"github.com/gpupin/gpupin/runtime"
+)
+
+// PinLister lists the pins in the agent's containerd namespace.
+type PinLister interface {
+	Pins(ctx context.Context) ([]runtime.Pin, error)
+}
+
+// Options configure an Agent.
+type Options struct {
+	// ConfigPath is the wants file (Config); empty: wants come from the API only.
+	ConfigPath string
+	// OverridesPath is the node's overrides file, the one `gpupin override`
+	// writes; PUT /v1/overrides writes it too, so an override outlives a
+	// restart. Empty: overrides set through the API live in memory.
+	OverridesPath string
+	Logger        *slog.Logger
+}
+
+// ErrUnknownEngine is returned for an override of an engine no want names.
+var ErrUnknownEngine = errors.New("unknown engine")
+
+// InputError is a request the agent refuses as malformed.
+type InputError struct{ Err error }
+
+func (e *InputError) Error() string { return e.Err.Error() }
+func (e *InputError) Unwrap() error { return e.Err }
+
+// Agent feeds a provision.Loop from its files and its API.
+type Agent struct {
+	loop *provision.Loop
+	pins PinLister
+	opts Options
+
+	mu       sync.Mutex
+	cfg      *Config
+	cfgData  []byte
+	apiWants []provision.Want // nil: the file's wants hold
+	fileOv   map[string]string
+	ovData   []byte
+}
+
+// New makes an Agent over a loop; call Reload to read the files.
+func New(loop *provision.Loop, pins PinLister, opts Options) *Agent {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Agent{loop: loop, pins: pins, opts: opts, cfg: &Config{}, fileOv: map[string]string{}}
+}
+
+// Loop is the loop the agent feeds.
+func (a *Agent) Loop() *provision.Loop { return a.loop }
+
+// Reload reads the wants file and the overrides file and hands what
+// changed to the loop. A file that does not parse is reported and the
+// last good reading is kept: a bad edit must not drop every engine.
+// Wants set through the API hold until the wants file changes.
+func (a *Agent) Reload() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var errs []error
+	if a.opts.ConfigPath != "" {
+		cfg, data, err := LoadConfig(a.opts.ConfigPath)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case !bytes.Equal(data, a.cfgData):
+			a.cfg, a.cfgData, a.apiWants = cfg, data, nil
+			a.opts.Logger.Info("read agent config", "path", a.opts.ConfigPath, "wants", len(cfg.Wants), "overrides", len(cfg.Overrides))
+		}
+	}
+	if a.opts.OverridesPath != "" {
+		of, err := images.LoadOverrides(a.opts.OverridesPath)
+		if err != nil {
+			errs = append(errs, err)
+		} else if !maps.Equal(of.Overrides, a.fileOv) {
+			a.fileOv = of.Overrides
+			a.opts.Logger.Info("read overrides file", "path", a.opts.OverridesPath, "overrides", len(of.Overrides))
+		}
+	}
+	if err := a.apply(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// apply hands the wants and the merged overrides to the loop. Called with mu held.
+func (a *Agent) apply() error {
+	wants := a.cfg.Wants
+	if a.apiWants != nil {
+		wants = a.apiWants
+	}
+	// The node's overrides file is the operator's latest word, over the config's.
+	ov := maps.Clone(a.cfg.Overrides)
+	if ov == nil {
+		ov = map[string]string{}
+	}
+	maps.Copy(ov, a.fileOv)
+	if err := a.loop.SetOverrides(ov); err != nil {
+		return fmt.Errorf("overrides: %w", err)
+	}
+	if err := a.loop.SetWants(wants); err != nil {
+		return fmt.Errorf("wants: %w", err)
+	}
+	return nil
+}
+
+// SetWants replaces the wants until the wants file next changes.
+func (a *Agent) SetWants(wants []provision.Want) error {
+	if err := CheckWants(wants); err != nil {
+		return &InputError{err}
+	}
+	if wants == nil {
+		wants = []provision.Want{}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.apiWants = wants
+	return a.apply()
+}
+
+// SetOverride sets the override of an engine that a want names, writes it
+// to the overrides file, and has the loop act on it at once.
+func (a *Agent) SetOverride(engine, value string) (images.Override, error) {
+	if !images.ValidEngineName(engine) {
+		return images.Override{}, &InputError{fmt.Errorf("%q is not an engine name (lower-case letters, digits, '.', '_', '-')", engine)}
+	}
+	o, err := images.ParseOverride(value)
+	if err != nil {
+		return images.Override{}, &InputError{err}
+	}
+	if !slices.Contains(a.loop.Engines(), engine) {
+		return images.Override{}, fmt.Errorf("%w %s: no want names it (wanted: %v)", ErrUnknownEngine, engine, a.loop.Engines())
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.opts.OverridesPath != "" {
+		of, err := images.LoadOverrides(a.opts.OverridesPath)
+		if err != nil {
+			return images.Override{}, err
+		}
+		if _, err := of.Set(engine, o.String()); err != nil {
+			return images.Override{}, &InputError{err}
+		}
+		if err := of.Save(); err != nil {
+			return images.Override{}, fmt.Errorf("save override: %w", err)
+		}
+		a.fileOv = of.Overrides
+	} else {
+		a.fileOv = maps.Clone(a.fileOv)
+		a.fileOv[engine] = o.String()
+	}
+	return o, a.apply()
+}
+
+// Status is the latest status of every wanted engine.
+func (a *Agent) Status() []provision.Status { return a.loop.Status() }
+
+// Pins lists the pins in containerd, wanted or not.
+func (a *Agent) Pins(ctx context.Context) ([]runtime.Pin, error) { return a.pins.Pins(ctx) }

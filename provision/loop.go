@@ -1,0 +1,637 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/runtime"
+)
+
+// Clock is the loop's time source. Tests pass a clock they move by hand,
+// so a backoff of minutes is checked without waiting minutes.
+type Clock interface {
+	Now() time.Time
+	NewTimer(d time.Duration) Timer
+}
+
+// Timer is a one-shot timer of a Clock.
+type Timer interface {
+	C() <-chan time.Time
+	Stop() bool
+}
+
+// SystemClock is the wall clock.
+func SystemClock() Clock { return systemClock{} }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+func (systemClock) NewTimer(d time.Duration) Timer {
+	return systemTimer{time.NewTimer(d)}
+}
+
+type systemTimer struct{ t *time.Timer }
+
+func (t systemTimer) C() <-chan time.Time { return t.t.C }
+func (t systemTimer) Stop() bool          { return t.t.Stop() }
+
+// LoopOptions tune a Loop.
+type LoopOptions struct {
+	// Recheck is how often a ready (or disabled, or unsupported) engine is
+	// checked again; default 10m. A check of a pin proved on this node is a
+	// look at containerd, without the registry.
+	Recheck time.Duration
+	// RetryMin is the first wait after a failure; it doubles with each
+	// failure in a row, up to Recheck; default 1m.
+	RetryMin time.Duration
+	// NodeCheck is how often the node's facts are read between passes, so
+	// a driver upgrade or a GPU swap is noticed; default 1m.
+	NodeCheck time.Duration
+	// Parallel is how many engines are provisioned at once; default 2.
+	Parallel int
+	Clock    Clock
+	// OnChange sees an engine's status each time its state, detail or
+	// pinned reference changes, intermediate states (pulling, probing)
+	// included; never twice for the same.
+	OnChange func(Status)
+	// OnResult sees every finished provision of every pass (metrics).
+	OnResult func(Status)
+	Logger   *slog.Logger
+	// NoSweep skips the sweep of leftovers when Run starts.
+	NoSweep bool
+}
+
+// Loop keeps a node converged on a set of wanted engines: a change of the
+// wants or overrides is acted on at once, ready engines are re-checked on
+// a timer, failures are retried with backoff, and a change of the node's
+// fingerprint re-proves every engine.
+type Loop struct {
+	p    *Provisioner
+	opts LoopOptions
+	kick chan struct{}
+
+	cbMu sync.Mutex // keeps callbacks in the order of the changes
+	mu   sync.Mutex
+	// entries by want key, in the order of the last SetWants.
+	entries   map[string]*entry
+	order     []string
+	overrides map[string]string
+	fp        string
+	inFlight  int
+}
+
+type entry struct {
+	want     Want
+	gen      uint64 // bumped on every change of the want or its override
+	applied  string // the override the last or current run used
+	engine   string // the engine's name as the image's metadata gave it
+	due      time.Time
+	failures int
+	running  *loopRun
+	status   Status
+	reported *Status
+}
+
+type loopRun struct {
+	gen    uint64
+	cancel context.CancelFunc
+}
+
+type loopResult struct {
+	key string
+	gen uint64
+	st  Status
+	err error // the run's context ended: the result answers nothing
+}
+
+// NewLoop makes a Loop over p. It adds its own observer to p's OnState, to
+// report intermediate states: make the Loop before p is used concurrently.
+func NewLoop(p *Provisioner, opts LoopOptions) *Loop {
+	if opts.Recheck <= 0 {
+		opts.Recheck = 10 * time.Minute
+	}
+	if opts.RetryMin <= 0 {
+		opts.RetryMin = time.Minute
+	}
+	if opts.RetryMin > opts.Recheck {
+		opts.RetryMin = opts.Recheck
+	}
+	if opts.NodeCheck <= 0 {
+		opts.NodeCheck = time.Minute
+	}
+	if opts.Parallel <= 0 {
+		opts.Parallel = 2
+	}
+	if opts.Clock == nil {
+		opts.Clock = SystemClock()
+	}
+	if opts.Logger == nil {
+		opts.Logger = p.opts.Logger
+	}
+	l := &Loop{p: p, opts: opts, kick: make(chan struct{}, 1), entries: map[string]*entry{}, overrides: map[string]string{}}
+	prev := p.opts.OnState
+	p.opts.OnState = func(st Status) {
+		if prev != nil {
+			prev(st)
+		}
+		l.observe(st)
+	}
+	return l
+}
+
+// SetWants replaces the wanted engines. New and changed wants are
+// provisioned at once; an engine no longer wanted is no longer reported
+// (its pin is kept until gc). Every want is checked first: on an error
+// nothing changes.
+func (l *Loop) SetWants(wants []Want) error {
+	seen := map[string]bool{}
+	for i, w := range wants {
+		if err := ValidateWant(w); err != nil {
+			return fmt.Errorf("want %d: %w", i+1, err)
+		}
+		if seen[w.Key()] {
+			return fmt.Errorf("want %d: %s is wanted twice", i+1, w.Key())
+		}
+		seen[w.Key()] = true
+	}
+	l.mu.Lock()
+	order := make([]string, 0, len(wants))
+	for _, w := range wants {
+		k := w.Key()
+		order = append(order, k)
+		e, ok := l.entries[k]
+		if !ok {
+			e = &entry{want: w}
+			l.entries[k] = e
+			e.status = l.pending(e)
+			continue
+		}
+		if e.want != w {
+			e.want = w
+			l.changed(e)
+		}
+	}
+	for k, e := range l.entries {
+		if !seen[k] {
+			if e.running != nil {
+				e.running.cancel()
+			}
+			delete(l.entries, k)
+			l.opts.Logger.Info("engine no longer wanted; its pin is kept until gc", "key", e.status.Key)
+		}
+	}
+	l.order = order
+	news := l.pendingReports()
+	l.mu.Unlock()
+	l.report(news)
+	l.wake()
+	return nil
+}
+
+// ValidateWant checks a want as SetWants does: a reference that parses, a
+// valid engine name, an override of one of the accepted forms.
+func ValidateWant(w Want) error {
+	if strings.TrimSpace(w.Ref) == "" {
+		return errors.New("ref is empty")
+	}
+	if _, err := images.ParseReference(w.Ref, nil); err != nil {
+		return fmt.Errorf("ref %q: %w", w.Ref, err)
+	}
+	if w.Engine != "" && !images.ValidEngineName(w.Engine) {
+		return fmt.Errorf("engine %q is not an engine name (lower-case letters, digits, '.', '_', '-')", w.Engine)
+	}
+	if w.Override != "" {
+		if _, err := images.ParseOverride(w.Override); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SetOverrides replaces the per-engine overrides that apply to wants
+// naming none of their own. An engine whose override changes is
+// provisioned again at once.
+func (l *Loop) SetOverrides(m map[string]string) error {
+	norm := make(map[string]string, len(m))
+	for engine, v := range m {
+		if !images.ValidEngineName(engine) {
+			return fmt.Errorf("%q is not an engine name (lower-case letters, digits, '.', '_', '-')", engine)
+		}
+		o, err := images.ParseOverride(v)
+		if err != nil {
+			return fmt.Errorf("engine %s: %w", engine, err)
+		}
+		norm[engine] = o.String()
+	}
+	l.mu.Lock()
+	l.overrides = norm
+	for _, e := range l.entries {
+		if l.effective(e) != e.applied {
+			l.changed(e)
+		}
+	}
+	l.mu.Unlock()
+	l.wake()
+	return nil
+}
+
+// Overrides returns the overrides the loop holds.
+func (l *Loop) Overrides() map[string]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]string, len(l.overrides))
+	for k, v := range l.overrides {
+		out[k] = v
+	}
+	return out
+}
+
+// Wants returns the wanted engines, in order.
+func (l *Loop) Wants() []Want {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Want, 0, len(l.order))
+	for _, k := range l.order {
+		out = append(out, l.entries[k].want)
+	}
+	return out
+}
+
+// Engines lists the engine names of the wants: as the want names it, else
+// as the image's metadata did, else as guessed from the repository.
+func (l *Loop) Engines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	set := map[string]bool{}
+	for _, e := range l.entries {
+		if n := l.engineOf(e); n != "" {
+			set[n] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for n := range set {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Status returns the latest status of every wanted engine, in the order
+// of the wants.
+func (l *Loop) Status() []Status {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Status, 0, len(l.order))
+	for _, k := range l.order {
+		out = append(out, l.entries[k].status)
+	}
+	return out
+}
+
+// InFlight is how many provisions are running now.
+func (l *Loop) InFlight() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.inFlight
+}
+
+// Kick asks for a pass now: due engines run and the node is read again.
+func (l *Loop) Kick() { l.wake() }
+
+func (l *Loop) wake() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run converges until ctx ends. It sweeps what an interrupted run left
+// first. On return every provision it started has finished, cleanup
+// included: a pin is made by one containerd update, so it is made or not.
+func (l *Loop) Run(ctx context.Context) error {
+	if !l.opts.NoSweep {
+		l.sweep(ctx)
+	}
+	results := make(chan loopResult)
+	for {
+		now := l.opts.Clock.Now()
+		l.checkNode(ctx)
+		l.launch(ctx, now, results)
+		wait := l.nextWake(now).Sub(now)
+		if wait < 0 {
+			wait = 0
+		}
+		timer := l.opts.Clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			l.drain(results)
+			return nil
+		case r := <-results:
+			l.finish(r)
+		case <-l.kick:
+		case <-timer.C():
+		}
+		timer.Stop()
+	}
+}
+
+// sweep removes what an interrupted gpupin left (probe containers,
+// leases, candidate records), where the runtime can.
+func (l *Loop) sweep(ctx context.Context) {
+	sw, ok := l.p.rt.(interface {
+		Sweep(context.Context) (runtime.Swept, error)
+	})
+	if !ok {
+		return
+	}
+	s, err := sw.Sweep(ctx)
+	if err != nil {
+		l.opts.Logger.Warn("sweep of leftovers failed", "err", err)
+		return
+	}
+	l.opts.Logger.Info("swept leftovers of interrupted runs", "containers", s.Containers, "leases", s.Leases, "candidates", s.Candidates)
+}
+
+// drain cancels every run and waits for each to finish its cleanup.
+func (l *Loop) drain(results chan loopResult) {
+	l.mu.Lock()
+	for _, e := range l.entries {
+		if e.running != nil {
+			e.running.cancel()
+		}
+	}
+	n := l.inFlight
+	l.mu.Unlock()
+	for ; n > 0; n-- {
+		l.finish(<-results)
+	}
+}
+
+// checkNode reads the node's facts; a new fingerprint makes every engine
+// due, and Provision re-proves a pin made under another fingerprint.
+func (l *Loop) checkNode(ctx context.Context) {
+	facts, err := l.p.node.Read(ctx)
+	if err != nil {
+		l.opts.Logger.Warn("read node facts", "err", err)
+		return
+	}
+	fp := "unsupported: " + facts.Unsupported
+	if facts.Supported() {
+		fp = facts.Fingerprint()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if fp == l.fp {
+		return
+	}
+	if l.fp != "" {
+		l.opts.Logger.Info("node changed (driver or GPUs): re-proving every engine", "from", l.fp, "to", fp)
+		for _, e := range l.entries {
+			l.changed(e)
+		}
+	}
+	l.fp = fp
+}
+
+// changed makes an entry due now: a run in progress for the old want is
+// cancelled and its result dropped; the backoff starts over.
+func (l *Loop) changed(e *entry) {
+	e.gen++
+	e.due = time.Time{}
+	e.failures = 0
+	if e.running != nil {
+		e.running.cancel()
+	}
+}
+
+// launch starts the due entries, changed ones first, up to Parallel.
+func (l *Loop) launch(ctx context.Context, now time.Time, results chan<- loopResult) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var due []*entry
+	keys := map[*entry]string{}
+	for _, k := range l.order {
+		e := l.entries[k]
+		if e.running == nil && !e.due.After(now) {
+			due = append(due, e)
+			keys[e] = k
+		}
+	}
+	sort.SliceStable(due, func(i, j int) bool { return due[i].due.Before(due[j].due) })
+	for _, e := range due {
+		if l.inFlight >= l.opts.Parallel {
+			return
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		e.running = &loopRun{gen: e.gen, cancel: cancel}
+		e.applied = l.effective(e)
+		w := e.want
+		w.Override = e.applied
+		key, gen := keys[e], e.gen
+		l.inFlight++
+		go func() {
+			defer cancel()
+			st := l.p.Provision(rctx, w)
+			results <- loopResult{key: key, gen: gen, st: st, err: rctx.Err()}
+		}()
+	}
+}
+
+// finish records a run's result and schedules the entry's next pass.
+func (l *Loop) finish(r loopResult) {
+	l.mu.Lock()
+	l.inFlight--
+	e, ok := l.entries[r.key]
+	if !ok || e.running == nil || e.running.gen != r.gen {
+		l.mu.Unlock()
+		return // the want went away while it ran
+	}
+	e.running = nil
+	if r.gen != e.gen || r.err != nil {
+		// Changed or cancelled while it ran: the result answers an old
+		// question. A changed entry is already due.
+		if r.gen != e.gen {
+			e.due = time.Time{}
+		}
+		news := l.restore(e)
+		l.mu.Unlock()
+		l.report(news)
+		return
+	}
+	if r.st.State == Failed && strings.Contains(r.st.Detail, context.Canceled.Error()) {
+		// Provision shares one flight per engine and override: this run
+		// joined one that was cancelled for an older want. Not an answer.
+		e.due = time.Time{}
+		news := l.restore(e)
+		l.mu.Unlock()
+		l.report(news)
+		return
+	}
+	now := l.opts.Clock.Now()
+	if r.st.Engine != "" {
+		e.engine = r.st.Engine
+	}
+	e.status = r.st
+	if r.st.State == Failed {
+		e.failures++
+		e.due = now.Add(l.backoff(e.failures))
+	} else {
+		e.failures = 0
+		e.due = now.Add(l.opts.Recheck)
+	}
+	// The image named its engine, and the overrides file says otherwise
+	// under that name: once more, now.
+	if l.effective(e) != e.applied {
+		e.gen++
+		e.due = time.Time{}
+	}
+	news := l.pendingReports()
+	l.mu.Unlock()
+	if l.opts.OnResult != nil {
+		l.opts.OnResult(r.st)
+	}
+	l.report(news)
+}
+
+// restore puts back the last settled status after a dropped run, so an
+// intermediate state of a cancelled run is not left on show.
+func (l *Loop) restore(e *entry) []Status {
+	if s := e.status.State; s == Pulling || s == Probing {
+		if e.reported != nil && e.reported.State != Pulling && e.reported.State != Probing {
+			e.status = *e.reported
+		} else {
+			e.status = l.pending(e)
+		}
+	}
+	return l.pendingReports()
+}
+
+func (l *Loop) backoff(failures int) time.Duration {
+	d := l.opts.RetryMin
+	for i := 1; i < failures && d < l.opts.Recheck; i++ {
+		d *= 2
+	}
+	return min(d, l.opts.Recheck)
+}
+
+// nextWake is the earliest due time of an idle entry, or the next read of
+// the node's facts.
+func (l *Loop) nextWake(now time.Time) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	next := now.Add(l.opts.NodeCheck)
+	for _, e := range l.entries {
+		if e.running == nil && e.due.Before(next) && l.inFlight < l.opts.Parallel {
+			next = e.due
+		}
+	}
+	return next
+}
+
+// observe takes the intermediate states of the loop's own runs.
+func (l *Loop) observe(st Status) {
+	l.mu.Lock()
+	var match *entry
+	for _, e := range l.entries {
+		if e.want.Ref == st.Ref && e.running != nil && e.running.gen == e.gen {
+			if match != nil {
+				l.mu.Unlock()
+				return // two wants of one reference: cannot tell which
+			}
+			match = e
+		}
+	}
+	if match == nil || (st.State != Pulling && st.State != Probing) {
+		// Final states come with the run's result, which knows its generation.
+		l.mu.Unlock()
+		return
+	}
+	match.status = st
+	news := l.pendingReports()
+	l.mu.Unlock()
+	l.report(news)
+}
+
+// pendingReports collects statuses that changed since they were last
+// reported, and marks them reported. Called with mu held.
+func (l *Loop) pendingReports() []Status {
+	var out []Status
+	for _, k := range l.order {
+		e := l.entries[k]
+		if e == nil {
+			continue
+		}
+		if r := e.reported; r != nil && r.State == e.status.State && r.Detail == e.status.Detail && r.Pinned == e.status.Pinned {
+			continue
+		}
+		if e.failures > 0 && (e.status.State == Pulling || e.status.State == Probing) {
+			// A retry after a failure goes quietly: only its outcome is
+			// reported, and only if it differs from the failure before.
+			continue
+		}
+		st := e.status
+		e.reported = &st
+		out = append(out, st)
+	}
+	return out
+}
+
+// report logs each change once and hands it to OnChange.
+func (l *Loop) report(sts []Status) {
+	if len(sts) == 0 {
+		return
+	}
+	l.cbMu.Lock()
+	defer l.cbMu.Unlock()
+	for _, st := range sts {
+		level := slog.LevelInfo
+		if st.State == Failed {
+			level = slog.LevelWarn
+		}
+		l.opts.Logger.Log(context.Background(), level, "engine "+string(st.State), "key", st.Key, "variant", st.Variant,
+			"pinned", st.Pinned, "override", st.Override, "simulated", st.Simulated, "detail", st.Detail)
+		if l.opts.OnChange != nil {
+			l.opts.OnChange(st)
+		}
+	}
+}
+
+func (l *Loop) pending(e *entry) Status {
+	w := e.want
+	return Status{Key: w.Key(), Engine: l.engineOf(e), Version: w.Version, Ref: w.Ref, Override: l.effective(e),
+		State: Pending, Detail: "waiting for its first pass", At: l.opts.Clock.Now()}
+}
+
+// effective is the override a want runs under: its own, else the loop's
+// override of its engine, else auto.
+func (l *Loop) effective(e *entry) string {
+	if e.want.Override != "" {
+		o, _ := images.ParseOverride(e.want.Override)
+		return o.String()
+	}
+	if v, ok := l.overrides[l.engineOf(e)]; ok {
+		return v
+	}
+	return "auto"
+}
+
+func (l *Loop) engineOf(e *entry) string {
+	if e.want.Engine != "" {
+		return e.want.Engine
+	}
+	if e.engine != "" {
+		return e.engine
+	}
+	if r, err := images.ParseReference(e.want.Ref, nil); err == nil {
+		return images.EngineFromRepo(r)
+	}
+	return ""
+}
