@@ -2,8 +2,11 @@ package runtime
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,6 +52,17 @@ type PullOptions struct {
 // would replace its labels, and those labels may be a pin.
 func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled, error) {
 	ctx = r.ctx(ctx)
+	if _, ok := leases.FromContext(ctx); !ok {
+		// A lease of our own, so a failed pull can hand what it fetched to
+		// the next attempt (keepPartial).
+		var p Pulled
+		err := r.WithLease(ctx, func(ctx context.Context) error {
+			var err error
+			p, err = r.Pull(ctx, ref, opts)
+			return err
+		})
+		return p, err
+	}
 	matcher := platforms.Default()
 	if opts.Platform != "" {
 		p, err := platforms.Parse(opts.Platform)
@@ -89,7 +103,17 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 	)
 	stop(err == nil)
 	if err != nil {
-		return Pulled{}, fmt.Errorf("pull %s: %w", ref, err)
+		err = fmt.Errorf("pull %s: %w", ref, err)
+		if worthKeeping(err) {
+			if kerr := r.keepPartial(context.WithoutCancel(ctx), ref); kerr != nil {
+				err = fmt.Errorf("%w (and what it fetched is not kept for the next attempt: %v)", err, kerr)
+			}
+		}
+		return Pulled{}, err
+	}
+	// The record holds everything now; an earlier failure's keep is done.
+	if err := r.client.LeasesService().Delete(ctx, leases.Lease{ID: partialLeaseID(ref)}); err != nil && !errdefs.IsNotFound(err) {
+		return Pulled{}, fmt.Errorf("pull %s: drop the lease of an earlier attempt: %w", ref, err)
 	}
 	t := img.Target()
 	return Pulled{Name: img.Name(), Digest: t.Digest.String(), Size: t.Size, Created: true}, nil
@@ -112,6 +136,61 @@ func (r *Runtime) WithLease(ctx context.Context, fn func(ctx context.Context) er
 		ls.Delete(dctx, l)
 	}()
 	return fn(leases.WithLease(ctx, l.ID))
+}
+
+// partialTTL is how long what a failed pull fetched is kept for a retry;
+// containerd's collector drops the lease after it.
+const partialTTL = time.Hour
+
+// partialLeaseID names the lease that keeps what failed pulls of ref fetched.
+func partialLeaseID(ref string) string {
+	h := sha256.Sum256([]byte(ref))
+	return "gpupin-partial-" + hex.EncodeToString(h[:8])
+}
+
+// worthKeeping tells a pull that may succeed on retry (the registry or the
+// network failed) from one that will not: content that lies about its
+// digest or size, or a full disk, whose partial data only takes space.
+func worthKeeping(err error) bool {
+	if errdefs.IsFailedPrecondition(err) || errdefs.IsInvalidArgument(err) || errdefs.IsNotFound(err) {
+		return false
+	}
+	return !strings.Contains(err.Error(), "no space left on device")
+}
+
+// keepPartial moves what the pull's lease holds (whole blobs, partial
+// downloads, unpacked snapshots) under a lease of its own that outlives
+// the attempt. Without it the attempt's lease is deleted, the collector
+// frees the layers, and the next attempt fetches them again; worse, it
+// may find a snapshot the collector is about to remove and fail on
+// "parent snapshot does not exist".
+func (r *Runtime) keepPartial(ctx context.Context, ref string) error {
+	cur, ok := leases.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	ls := r.client.LeasesService()
+	res, err := ls.ListResources(ctx, leases.Lease{ID: cur})
+	if err != nil {
+		return fmt.Errorf("list what the pull fetched: %w", err)
+	}
+	if len(res) == 0 {
+		return nil
+	}
+	l, err := ls.Create(ctx, leases.WithID(partialLeaseID(ref)), leases.WithExpiration(partialTTL),
+		leases.WithLabels(map[string]string{LabelManaged: "true", LabelRole: "partial", LabelSource: ref}))
+	if errdefs.IsAlreadyExists(err) {
+		l, err = leases.Lease{ID: partialLeaseID(ref)}, nil
+	}
+	if err != nil {
+		return fmt.Errorf("create a lease for what the pull fetched: %w", err)
+	}
+	for _, rs := range res {
+		if err := ls.AddResource(ctx, l, rs); err != nil && !errdefs.IsAlreadyExists(err) {
+			return fmt.Errorf("keep %s %s: %w", rs.Type, rs.ID, err)
+		}
+	}
+	return nil
 }
 
 // tracker follows a pull: the layers the handler saw, and the content

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -214,15 +215,17 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 		return res, fmt.Errorf("run %s: %w", id, ctx.Err())
 	}
 	res.Duration = time.Since(start)
-	// Wait for the output to drain before reading it.
-	task.CloseIO(context.WithoutCancel(ctx), client.WithStdinCloser)
-	if ioc := task.IO(); ioc != nil {
-		ioc.Wait()
-	}
-	res.Output, res.Truncated = out.bytes()
 	code, _, serr := status.Result()
 	if serr != nil {
-		return res, fmt.Errorf("task %s exit status: %w", id, serr)
+		// containerd lost the task's exit (it restarted, or went away):
+		// the process may still run in its shim, holding its output open.
+		// Kill it so nothing runs unwatched, and drain what came so far.
+		r.killLost(ctx, task)
+	}
+	drainOutput(ctx, task)
+	res.Output, res.Truncated = out.bytes()
+	if serr != nil {
+		return res, fmt.Errorf("task %s: lost its exit status (did containerd restart?): %w", id, serr)
 	}
 	res.ExitCode = int(code)
 	if res.TimedOut {
@@ -240,6 +243,41 @@ func (r *Runtime) kill(ctx context.Context, task client.Task, exitCh <-chan clie
 		return s
 	case <-kctx.Done():
 		return *client.NewExitStatus(137, time.Now(), kctx.Err())
+	}
+}
+
+// killLost kills a task whose wait broke, retrying while containerd comes
+// back; the deferred delete then removes it.
+func (r *Runtime) killLost(ctx context.Context, task client.Task) {
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	for {
+		err := task.Kill(kctx, syscall.SIGKILL, client.WithKillAll)
+		if err == nil || errdefs.IsNotFound(err) {
+			return
+		}
+		select {
+		case <-kctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// drainOutput waits for the task's output to be copied, but not forever:
+// a process that outlived its wait (see killLost) may hold the FIFOs open.
+func drainOutput(ctx context.Context, task client.Task) {
+	task.CloseIO(context.WithoutCancel(ctx), client.WithStdinCloser)
+	ioc := task.IO()
+	if ioc == nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() { ioc.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		ioc.Cancel()
 	}
 }
 

@@ -76,7 +76,9 @@ func (r *Runtime) Sweep(ctx context.Context) (Swept, error) {
 		if ownerAlive(l.Labels[LabelOwner]) {
 			continue
 		}
-		if err := ls.Delete(ctx, leases.Lease{ID: l.ID}); err != nil && !errdefs.IsNotFound(err) {
+		// Synchronous: what the lease held (partial downloads, extraction
+		// snapshots) is collected before gc says it is done.
+		if err := ls.Delete(ctx, leases.Lease{ID: l.ID}, leases.SynchronousDelete); err != nil && !errdefs.IsNotFound(err) {
 			return s, fmt.Errorf("sweep: lease %s: %w", l.ID, err)
 		}
 		s.Leases++

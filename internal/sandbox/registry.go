@@ -1,10 +1,15 @@
 package sandbox
 
 import (
+	"bufio"
+	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +27,7 @@ type Registry struct {
 	down    atomic.Bool
 	mu      sync.Mutex
 	reqs    []Request
+	gen     int // bumped by Reset
 	handler http.Handler
 	// Hook, when set, sees each request first; returning true means it answered.
 	Hook func(w http.ResponseWriter, r *http.Request) bool
@@ -31,6 +37,9 @@ type Registry struct {
 type Request struct {
 	Method string
 	Path   string
+	// Bytes is the size of the response body written so far (a hook's
+	// answer too), so tests can tell what a pull really fetched.
+	Bytes int64
 }
 
 // Kind classifies a request: "manifest", "blob", "upload", "tags", "other".
@@ -73,6 +82,7 @@ func StartRegistry(opts RegistryOptions) (*Registry, error) {
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	r.reqs = append(r.reqs, Request{Method: req.Method, Path: req.URL.Path})
+	idx, gen := len(r.reqs)-1, r.gen
 	hook := r.Hook
 	r.mu.Unlock()
 	if r.down.Load() {
@@ -86,11 +96,72 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "down", http.StatusServiceUnavailable)
 		return
 	}
-	if hook != nil && hook(w, req) {
+	cw := &countingWriter{ResponseWriter: w, reg: r, idx: idx, gen: gen}
+	if hook != nil && hook(cw, req) {
 		return
 	}
-	r.handler.ServeHTTP(w, req)
+	r.handler.ServeHTTP(cw, r.closeRange(req))
 }
+
+// closeRange turns an open-ended blob range (bytes=N-, what containerd
+// sends to resume a download) into the closed one go-containerregistry's
+// registry understands; registries in production take both.
+func (r *Registry) closeRange(req *http.Request) *http.Request {
+	rng := req.Header.Get("Range")
+	if req.Method != http.MethodGet || !strings.Contains(req.URL.Path, "/blobs/sha256:") ||
+		!strings.HasPrefix(rng, "bytes=") || !strings.HasSuffix(rng, "-") || strings.Contains(rng, ",") {
+		return req
+	}
+	head := httptest.NewRecorder()
+	hreq := req.Clone(req.Context())
+	hreq.Method = http.MethodHead
+	hreq.Header.Del("Range")
+	r.handler.ServeHTTP(head, hreq)
+	size, err := strconv.ParseInt(head.Header().Get("Content-Length"), 10, 64)
+	if head.Code != http.StatusOK || err != nil || size == 0 {
+		return req
+	}
+	out := req.Clone(req.Context())
+	out.Header.Set("Range", fmt.Sprintf("%s%d", rng, size-1))
+	return out
+}
+
+// countingWriter adds what is written to the request's Bytes. It keeps
+// Flush and Hijack reachable: hooks stream and cut connections.
+type countingWriter struct {
+	http.ResponseWriter
+	reg *Registry
+	idx int
+	gen int
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(p)
+	c.reg.mu.Lock()
+	// A Reset in between starts a new log: this request is not in it.
+	if c.reg.gen == c.gen && c.idx < len(c.reg.reqs) {
+		c.reg.reqs[c.idx].Bytes += int64(n)
+	}
+	c.reg.mu.Unlock()
+	return n, err
+}
+
+func (c *countingWriter) Flush() {
+	if f, ok := c.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (c *countingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	hj, ok := c.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("response writer cannot be hijacked")
+	}
+	return hj.Hijack()
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
 // SetDown makes every request fail (true) or be served again (false).
 func (r *Registry) SetDown(down bool) { r.down.Store(down) }
@@ -113,7 +184,20 @@ func (r *Registry) Requests() []Request {
 func (r *Registry) Reset() {
 	r.mu.Lock()
 	r.reqs = nil
+	r.gen++
 	r.mu.Unlock()
+}
+
+// BytesServed sums the response bytes of requests of one kind ("" = all)
+// and method ("" = any) since the last Reset.
+func (r *Registry) BytesServed(kind, method string) int64 {
+	var n int64
+	for _, q := range r.Requests() {
+		if (kind == "" || q.Kind() == kind) && (method == "" || q.Method == method) {
+			n += q.Bytes
+		}
+	}
+	return n
 }
 
 // Count counts requests of one kind ("blob", "manifest", …) and method ("" = any).

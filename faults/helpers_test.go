@@ -1,0 +1,238 @@
+// Package faults holds gpupin's fault suite: bad days (a registry that dies
+// or lies, a containerd restart, gpupin killed, a full disk) played against
+// the real containerd and a real registry, each asserting that no working
+// pin is lost and nothing is left behind. docs/faults.md describes them.
+package faults
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
+	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/provision"
+	"github.com/gpupin/gpupin/runtime"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+var cu129 = sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "7.0,7.5,8.0,8.6,8.9,9.0+PTX"}
+
+const nodeJSON = `{"driver":"580.82.07","cuda":"13.0","platform":"linux/amd64","gpus":[{"index":0,"uuid":"GPU-11111111-2222-3333-4444-555555555555","name":"NVIDIA H100 80GB HBM3","brand":"nvidia","cc":"9.0","memory_mib":81559}]}`
+
+func h100(driver string) *node.Facts {
+	return &node.Facts{Driver: driver, CUDA: "13.0", Platform: "linux/amd64", Simulated: true,
+		GPUs: []node.GPU{{Index: 0, UUID: "GPU-11111111-2222-3333-4444-555555555555", Name: "NVIDIA H100 80GB HBM3", Brand: "nvidia", CC: "9.0", MemoryMiB: 81559}}}
+}
+
+// nodeBox lets a test change the node between provisions (a driver upgrade
+// makes a pin stale, so the next provision pulls).
+type nodeBox struct {
+	mu sync.Mutex
+	f  *node.Facts
+}
+
+func (b *nodeBox) Read(context.Context) (*node.Facts, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := *b.f
+	return &c, nil
+}
+
+func (b *nodeBox) set(f *node.Facts) { b.mu.Lock(); b.f = f; b.mu.Unlock() }
+
+func newProvisioner(t *testing.T, rt *runtime.Runtime, nodes node.Reader, timeout time.Duration) *provision.Provisioner {
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	return provision.New(rt, &images.Resolver{}, nodes, provision.Options{ProbeTimeout: timeout, ProbeDir: t.TempDir()})
+}
+
+func nsCtx(rt *runtime.Runtime) context.Context {
+	return namespaces.WithNamespace(context.Background(), rt.Namespace())
+}
+
+func publish(t *testing.T, reg *sandbox.Registry, engine string, v sandbox.EngineVariant) string {
+	t.Helper()
+	if _, err := sandbox.PublishEngine(context.Background(), reg.Host, engine, "1.0", []sandbox.EngineVariant{v}); err != nil {
+		t.Fatalf("publish %s: %v", engine, err)
+	}
+	return reg.Host + "/" + engine + ":1.0"
+}
+
+func mustReady(t *testing.T, st provision.Status) {
+	t.Helper()
+	if st.State != provision.Ready {
+		t.Fatalf("state %s, want ready: %s", st.State, st.Detail)
+	}
+}
+
+func pins(t *testing.T, rt *runtime.Runtime) []runtime.Pin {
+	t.Helper()
+	ps, err := rt.Pins(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ps
+}
+
+// samePins fails unless the pins are exactly the ones before: same records,
+// same probe times, same node.
+func samePins(t *testing.T, rt *runtime.Runtime, before []runtime.Pin) {
+	t.Helper()
+	after := pins(t, rt)
+	if len(after) != len(before) {
+		t.Fatalf("pins changed: before %+v, after %+v", before, after)
+	}
+	for i := range before {
+		b, a := before[i], after[i]
+		if a.Key != b.Key || a.Ref != b.Ref || !a.ProbedAt.Equal(b.ProbedAt) || a.Node != b.Node || a.Probe != b.Probe {
+			t.Fatalf("pin %s changed:\nbefore %+v\nafter  %+v", b.Key, b, a)
+		}
+	}
+}
+
+// gpupinRecords lists image records that carry any io.gpupin label.
+func gpupinRecords(t *testing.T, rt *runtime.Runtime) []string {
+	t.Helper()
+	imgs, err := rt.Client().ImageService().List(nsCtx(rt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, img := range imgs {
+		for k := range img.Labels {
+			if strings.HasPrefix(k, "io.gpupin.") {
+				out = append(out, img.Name)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// leftovers lists what a finished or swept gpupin must not leave:
+// containers, tasks, active snapshots, leases, unpinned gpupin records.
+func leftovers(t *testing.T, rt *runtime.Runtime, snapshotter string) []string {
+	t.Helper()
+	ctx := nsCtx(rt)
+	cl := rt.Client()
+	var out []string
+	conts, err := cl.Containers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range conts {
+		out = append(out, "container "+c.ID())
+	}
+	tasks, err := cl.TaskService().List(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range tasks.Tasks {
+		out = append(out, "task "+tk.ID)
+	}
+	err = cl.SnapshotService(snapshotter).Walk(ctx, func(_ context.Context, i snapshots.Info) error {
+		if i.Kind == snapshots.KindActive {
+			out = append(out, "active snapshot "+i.Name)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := cl.LeasesService().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		out = append(out, fmt.Sprintf("lease %s %v", l.ID, l.Labels))
+	}
+	imgs, err := cl.ImageService().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, img := range imgs {
+		if img.Labels[runtime.LabelManaged] != "" && img.Labels[runtime.LabelPin] == "" && img.Labels[runtime.LabelPrevious] == "" {
+			out = append(out, fmt.Sprintf("unpinned record %s %v", img.Name, img.Labels))
+		}
+	}
+	return out
+}
+
+// waitFor polls cond until it holds; the limit only stops a broken test
+// from hanging, it asserts nothing about speed.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// probeRunning reports whether a probe container of the namespace has a
+// running task.
+func probeRunning(rt *runtime.Runtime) bool {
+	ctx := nsCtx(rt)
+	conts, err := rt.Client().Containers(ctx, fmt.Sprintf(`labels.%q==probe`, runtime.LabelRole))
+	if err != nil {
+		return false
+	}
+	for _, c := range conts {
+		if task, err := c.Task(ctx, nil); err == nil {
+			if st, err := task.Status(ctx); err == nil && st.Status == "running" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// probePids counts the processes of the namespace's probe tasks.
+func probePids(rt *runtime.Runtime) int {
+	ctx := nsCtx(rt)
+	conts, err := rt.Client().Containers(ctx, fmt.Sprintf(`labels.%q==probe`, runtime.LabelRole))
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, c := range conts {
+		if task, err := c.Task(ctx, nil); err == nil {
+			if ps, err := task.Pids(ctx); err == nil {
+				n += len(ps)
+			}
+		}
+	}
+	return n
+}
+
+// buildGpupin builds cmd/gpupin into the test's temporary directory.
+func buildGpupin(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "gpupin")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/gpupin/gpupin/cmd/gpupin")
+	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build gpupin: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func digestOf(h v1.Hash) digest.Digest { return digest.Digest(h.String()) }
