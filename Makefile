@@ -4,7 +4,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN       := bin
 PKGS      := ./...
 
-.PHONY: all build demo test test-short vet fmt bench fuzz clean
+.PHONY: all build build-nocgo demo test fmt bench bench-publish fuzz clean
 
 all: build
 
@@ -29,8 +29,13 @@ test: build
 fuzz:
 	./scripts/fuzz.sh 30s
 
+# The node-side table (bench/results.md): provision, plan, probe vs ctr and crane.
 bench: build
 	./scripts/bench.sh
+
+# CI-side: publish of ~2 GiB of variants vs crane (build/bench_test.go).
+bench-publish: build
+	./bench/publish.sh 5x
 
 fmt:
 	gofmt -w .

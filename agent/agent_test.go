@@ -30,14 +30,10 @@ import (
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 var (
-	cu13  = sandbox.EngineVariant{Name: "cu13", CUDA: "13.0", Archs: "7.5,8.0,8.6,8.9,9.0,10.0,12.0+PTX"}
-	cu129 = sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "7.0,7.5,8.0,8.6,8.9,9.0+PTX"}
+	cu13  = testenv.CU13
+	cu129 = testenv.CU129
+	h100  = testenv.H100
 )
-
-func h100(driver, cuda string) *node.Facts {
-	return &node.Facts{Driver: driver, CUDA: cuda, Platform: "linux/amd64", Simulated: true,
-		GPUs: []node.GPU{{Index: 0, UUID: "GPU-11111111-2222-3333-4444-555555555555", Name: "NVIDIA H100 80GB HBM3", Brand: "nvidia", CC: "9.0", MemoryMiB: 81559}}}
-}
 
 type world struct {
 	reg       *sandbox.Registry

@@ -38,7 +38,7 @@ func TestFaultContainerdRestartDuringProbeSimulated(t *testing.T) {
 	hang := cu129
 	hang.SimProbe = "hang"
 	ref := publish(t, reg, "demo", hang)
-	p := newProvisioner(t, rt, &nodeBox{f: h100("580.82.07")}, 5*time.Minute)
+	p := newProvisioner(t, rt, testenv.NewNode(h100("580.82.07")), 5*time.Minute)
 
 	done := make(chan provision.Status, 1)
 	go func() { done <- p.Provision(ctx, provision.Want{Ref: ref}) }()

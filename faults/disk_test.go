@@ -47,7 +47,7 @@ func TestFaultDiskFullSimulated(t *testing.T) {
 	}
 	t.Cleanup(func() { rt.Close() })
 	reg := testenv.Registry(t)
-	nodes := &nodeBox{f: h100("580.82.07")}
+	nodes := testenv.NewNode(h100("580.82.07"))
 	p := newProvisioner(t, rt, nodes, 0)
 	ref := publish(t, reg, "demo", cu129)
 	mustReady(t, p.Provision(ctx, provision.Want{Ref: ref}))
@@ -70,7 +70,7 @@ func TestFaultDiskFullSimulated(t *testing.T) {
 			v.Layers = []v1.Layer{tc.layer}
 			publish(t, reg, "demo", v)
 			// A driver change makes the pin stale, so the new build is pulled.
-			nodes.set(h100("580.95.0" + string(rune('1'+i))))
+			nodes.Set(h100("580.95.0" + string(rune('1'+i))))
 			st := p.Provision(ctx, provision.Want{Ref: ref})
 			if st.State != provision.Failed || !strings.Contains(st.Detail, "no space left on device") ||
 				!strings.Contains(st.Detail, "failed at pull") || !strings.Contains(st.Detail, "is unchanged") {

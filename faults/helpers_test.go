@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,30 +29,13 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-var cu129 = sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "7.0,7.5,8.0,8.6,8.9,9.0+PTX"}
+var cu129 = testenv.CU129
 
 const nodeJSON = `{"driver":"580.82.07","cuda":"13.0","platform":"linux/amd64","gpus":[{"index":0,"uuid":"GPU-11111111-2222-3333-4444-555555555555","name":"NVIDIA H100 80GB HBM3","brand":"nvidia","cc":"9.0","memory_mib":81559}]}`
 
-func h100(driver string) *node.Facts {
-	return &node.Facts{Driver: driver, CUDA: "13.0", Platform: "linux/amd64", Simulated: true,
-		GPUs: []node.GPU{{Index: 0, UUID: "GPU-11111111-2222-3333-4444-555555555555", Name: "NVIDIA H100 80GB HBM3", Brand: "nvidia", CC: "9.0", MemoryMiB: 81559}}}
-}
-
-// nodeBox lets a test change the node between provisions (a driver upgrade
-// makes a pin stale, so the next provision pulls).
-type nodeBox struct {
-	mu sync.Mutex
-	f  *node.Facts
-}
-
-func (b *nodeBox) Read(context.Context) (*node.Facts, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	c := *b.f
-	return &c, nil
-}
-
-func (b *nodeBox) set(f *node.Facts) { b.mu.Lock(); b.f = f; b.mu.Unlock() }
+// h100 is the simulated node on a CUDA 13.0 driver; a new driver version
+// makes a pin stale, so the next provision pulls.
+func h100(driver string) *node.Facts { return testenv.H100(driver, "13.0") }
 
 func newProvisioner(t *testing.T, rt *runtime.Runtime, nodes node.Reader, timeout time.Duration) *provision.Provisioner {
 	if timeout == 0 {

@@ -107,7 +107,7 @@ func TestFaultHostileRegistrySimulated(t *testing.T) {
 				}
 				t.Logf("Resolve: %v", err)
 			}
-			st := newProvisioner(t, rt, &nodeBox{f: h100("580.82.07")}, 0).Provision(ctx, provision.Want{Ref: ref})
+			st := newProvisioner(t, rt, testenv.NewNode(h100("580.82.07")), 0).Provision(ctx, provision.Want{Ref: ref})
 			if st.State != provision.Failed || !strings.Contains(st.Detail, tc.want) {
 				t.Fatalf("state %s: %s; want failed, about %q", st.State, st.Detail, tc.want)
 			}

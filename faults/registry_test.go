@@ -23,7 +23,7 @@ func TestFaultRegistryDiesMidPullSimulated(t *testing.T) {
 	ctx := context.Background()
 	reg := testenv.Registry(t)
 	rt := testenv.Runtime(t)
-	nodes := &nodeBox{f: h100("580.82.07")}
+	nodes := testenv.NewNode(h100("580.82.07"))
 	p := newProvisioner(t, rt, nodes, 0)
 
 	ref := publish(t, reg, "demo", cu129)
@@ -43,7 +43,7 @@ func TestFaultRegistryDiesMidPullSimulated(t *testing.T) {
 	v := cu129
 	v.Layers = layers
 	publish(t, reg, "demo", v)
-	nodes.set(h100("580.95.05"))
+	nodes.Set(h100("580.95.05"))
 
 	victim := layers[len(layers)-1]
 	victimDigest, _ := victim.Digest()

@@ -339,7 +339,7 @@ func TestLoopSimulatedDriverUpgradeReproves(t *testing.T) {
 	// The driver is upgraded under the running loop; the next read of the
 	// node (a minute on) sees it, and the pin is proved again.
 	upgraded := h100("580.82.07", "13.0")
-	e.node.set(upgraded)
+	e.node.Set(upgraded)
 	le.clk.advance(le.clk.Now().Add(time.Minute))
 	st = le.rec.await(t, 30*time.Second, "re-proved", stateIs(provision.Ready, provision.Failed))
 	if st.State != provision.Ready || st.FromPin || st.Variant != "cu13" {
@@ -421,7 +421,7 @@ func TestLoopSimulatedFailingProbeBacksOff(t *testing.T) {
 	}
 	before := le.rec.nResults()
 	le.rec.drain()
-	e.node.set(h100("580.82.07", "13.0"))
+	e.node.Set(h100("580.82.07", "13.0"))
 	le.loop.Kick()
 	le.rec.await(t, 30*time.Second, "failed after the upgrade", stateIs(provision.Failed))
 	le.settle(t)

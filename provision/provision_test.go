@@ -22,42 +22,22 @@ import (
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 var (
-	cu13  = sandbox.EngineVariant{Name: "cu13", CUDA: "13.0", Archs: "7.5,8.0,8.6,8.9,9.0,10.0,12.0+PTX"}
-	cu129 = sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "7.0,7.5,8.0,8.6,8.9,9.0+PTX"}
+	cu13  = testenv.CU13
+	cu129 = testenv.CU129
+	h100  = testenv.H100
 )
-
-func h100(driver, cuda string) *node.Facts {
-	return &node.Facts{Driver: driver, CUDA: cuda, Platform: "linux/amd64", Simulated: true,
-		GPUs: []node.GPU{{Index: 0, UUID: "GPU-11111111-2222-3333-4444-555555555555", Name: "NVIDIA H100 80GB HBM3", Brand: "nvidia", CC: "9.0", MemoryMiB: 81559}}}
-}
-
-// nodeBox lets a test change the node under a running provisioner, as a
-// driver upgrade would.
-type nodeBox struct {
-	mu sync.Mutex
-	f  *node.Facts
-}
-
-func (b *nodeBox) Read(context.Context) (*node.Facts, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	c := *b.f
-	return &c, nil
-}
-
-func (b *nodeBox) set(f *node.Facts) { b.mu.Lock(); b.f = f; b.mu.Unlock() }
 
 type env struct {
 	reg  *sandbox.Registry
 	rt   *runtime.Runtime
-	node *nodeBox
+	node *testenv.Node
 	p    *provision.Provisioner
 	ref  string
 }
 
 func setup(t *testing.T, facts *node.Facts, variants []sandbox.EngineVariant, mod func(*provision.Options)) *env {
 	t.Helper()
-	e := &env{reg: testenv.Registry(t), rt: testenv.Runtime(t), node: &nodeBox{f: facts}}
+	e := &env{reg: testenv.Registry(t), rt: testenv.Runtime(t), node: testenv.NewNode(facts)}
 	if _, err := sandbox.PublishEngine(context.Background(), e.reg.Host, "demo", "1.0", variants); err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +167,7 @@ devices:
       env:
         - GPUPIN_CDI_TEST=from-cdi
 `), 0o644)
-	e := &env{reg: testenv.Registry(t), rt: testenv.Runtime(t, runtime.WithCDISpecDirs(specDir)), node: &nodeBox{f: h100("580.82.07", "13.0")}}
+	e := &env{reg: testenv.Registry(t), rt: testenv.Runtime(t, runtime.WithCDISpecDirs(specDir)), node: testenv.NewNode(h100("580.82.07", "13.0"))}
 	if _, err := sandbox.PublishEngine(ctx, e.reg.Host, "demo", "1.0", []sandbox.EngineVariant{cu13}); err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +266,7 @@ func TestReprovisionSimulatedFailureKeepsPinAndSameNodeNeedsNoRegistry(t *testin
 		t.Fatal(err)
 	}
 	before, _ := e.rt.GetPin(ctx, "demo:1.0")
-	e.node.set(h100("580.82.07", "13.0"))
+	e.node.Set(h100("580.82.07", "13.0"))
 	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
 	if st.State != provision.Failed || len(st.Attempts) != 2 || !strings.Contains(st.Detail, "earlier pin") {
 		t.Fatalf("state %s attempts %d: %s", st.State, len(st.Attempts), st.Detail)
