@@ -61,7 +61,7 @@ func (c *cudaLib) errorName(code int) string {
 		return ""
 	}
 	var s *byte
-	if r, _, _ := purego.SyscallN(fn, uintptr(code), uintptr(unsafe.Pointer(&s))); r != 0 || s == nil {
+	if r, _, _ := purego.SyscallN(fn, uintptr(code), ptr(&s)); r != 0 || s == nil {
 		return ""
 	}
 	return cString(s, 128)
@@ -77,7 +77,27 @@ func cString(p *byte, max int) string {
 	return string(b)
 }
 
-func ptr[T any](p *T) uintptr { return uintptr(unsafe.Pointer(p)) }
+func ptr[T any](p *T) uintptr {
+	escape(p)
+	return uintptr(unsafe.Pointer(p))
+}
+
+// escape makes what it is given live on the heap. A pointer turned into a
+// uintptr before a call is invisible to the stack mover: were the variable
+// on the goroutine's stack, a stack growth between here and the C call
+// would leave the driver writing to the old copy. Heap objects never move.
+//
+//go:noinline
+func escape(p any) {
+	if escapeNever {
+		escapeSink = p
+	}
+}
+
+var (
+	escapeNever bool
+	escapeSink  any
+)
 
 func (c *cudaLib) Init() error { return c.call("cuInit", 0) }
 
