@@ -136,6 +136,11 @@ func Reject(f *node.Facts, v Variant) string {
 	if err != nil {
 		return fmt.Sprintf("%s: CUDA version %q unreadable", v.Variant, v.CUDA)
 	}
+	// The driver reports CUDA as major.minor; a build of 12.9.1 runs where
+	// 12.9 does (patch releases share the driver requirement).
+	if len(need) > 2 {
+		need = need[:2]
+	}
 	switch {
 	case v.Require != nil:
 		// Derived: the image's own constraints decide, forward-compatibility

@@ -409,3 +409,19 @@ func blobsOf(t *testing.T, ref string) (layers, configs map[string]bool) {
 	}
 	return layers, configs
 }
+
+// An annotation with a patch version (12.9.1) is still a 12.9 build: the
+// driver's CUDA (12.9, major.minor from NVML) runs it.
+func TestRejectComparesCUDAMajorMinor(t *testing.T) {
+	f := &node.Facts{Driver: "575.57.08", CUDA: "12.9", Platform: "linux/amd64",
+		GPUs: []node.GPU{{Index: 0, UUID: "GPU-1", Name: "H100", CC: "9.0"}}}
+	for _, tc := range []struct {
+		cuda   string
+		reject bool
+	}{{"12.9.1", false}, {"12.9", false}, {"12.10", true}, {"13.0.0", true}} {
+		got := images.Reject(f, images.Variant{Metadata: images.Metadata{Variant: "cu129", CUDA: tc.cuda}})
+		if (got != "") != tc.reject {
+			t.Errorf("CUDA %s on a 12.9 driver: reject = %q, want reject %v", tc.cuda, got, tc.reject)
+		}
+	}
+}

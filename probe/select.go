@@ -23,9 +23,8 @@ var engineKinds = map[string]Kind{
 }
 
 // Select picks the probe for an image: its io.gpupin.probe annotation wins,
-// else the engine's default (vllm, sglang → torch; any other engine → cuda),
-// else fallback (the operator's --probe flag), else cuda, which runs in any
-// glibc image. The fallback may also be sim, since it is the operator's choice.
+// else the engine family's default (vllm, sglang → torch), else fallback
+// (the operator's --probe flag), else cuda, which runs in any glibc image. The fallback may also be sim, since it is the operator's choice.
 func Select(annotation, engine, fallback string) (Kind, error) {
 	if a := strings.TrimSpace(annotation); a != "" {
 		k, err := lookupKind(a, imageKinds)
@@ -34,11 +33,8 @@ func Select(annotation, engine, fallback string) (Kind, error) {
 		}
 		return k, nil
 	}
-	if e := strings.ToLower(strings.TrimSpace(engine)); e != "" {
-		if k, ok := engineKinds[e]; ok {
-			return k, nil
-		}
-		return CUDA, nil
+	if k, ok := engineKinds[EngineFamily(engine)]; ok {
+		return k, nil
 	}
 	if f := strings.TrimSpace(fallback); f != "" {
 		k, err := lookupKind(f, append(imageKinds[:len(imageKinds):len(imageKinds)], Sim))

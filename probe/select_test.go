@@ -19,7 +19,10 @@ func TestSelect(t *testing.T) {
 		{name: "annotation cannot ask for sim", annotation: "sim", wantErr: `unknown probe "sim"`},
 		{name: "vllm", engine: "vllm", fallback: "cuda", want: Torch},
 		{name: "sglang", engine: "SGLang", want: Torch},
-		{name: "other engine", engine: "llama.cpp", fallback: "torch", want: CUDA},
+		// An engine gpupin has no default for takes the operator's --probe.
+		{name: "other engine with --probe", engine: "myllm", fallback: "torch", want: Torch},
+		{name: "other engine", engine: "llama.cpp", want: CUDA},
+		{name: "engine family", engine: "vllm-openai", fallback: "cuda", want: Torch},
 		{name: "fallback", fallback: "exec", want: Exec},
 		{name: "fallback sim", fallback: "sim", want: Sim},
 		{name: "fallback unknown", fallback: "gpu", wantErr: `--probe: unknown probe "gpu" (accepted: torch, cuda, exec, sim)`},

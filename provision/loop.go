@@ -76,6 +76,9 @@ type Loop struct {
 	p    *Provisioner
 	opts LoopOptions
 	kick chan struct{}
+	// gens numbers every change across the loop: an entry removed and
+	// added again must not reuse the numbers of its cancelled runs.
+	gens uint64
 
 	cbMu sync.Mutex // keeps callbacks in the order of the changes
 	mu   sync.Mutex
@@ -168,7 +171,8 @@ func (l *Loop) SetWants(wants []Want) error {
 		order = append(order, k)
 		e, ok := l.entries[k]
 		if !ok {
-			e = &entry{want: w}
+			l.gens++
+			e = &entry{want: w, gen: l.gens}
 			l.entries[k] = e
 			e.status = l.pending(e)
 			continue
@@ -404,7 +408,8 @@ func (l *Loop) checkNode(ctx context.Context) {
 // changed makes an entry due now: a run in progress for the old want is
 // cancelled and its result dropped; the backoff starts over.
 func (l *Loop) changed(e *entry) {
-	e.gen++
+	l.gens++
+	e.gen = l.gens
 	e.due = time.Time{}
 	e.failures = 0
 	if e.running != nil {
@@ -466,15 +471,6 @@ func (l *Loop) finish(r loopResult) {
 		l.report(news)
 		return
 	}
-	if r.st.State == Failed && strings.Contains(r.st.Detail, context.Canceled.Error()) {
-		// Provision shares one flight per engine and override: this run
-		// joined one that was cancelled for an older want. Not an answer.
-		e.due = time.Time{}
-		news := l.restore(e)
-		l.mu.Unlock()
-		l.report(news)
-		return
-	}
 	now := l.opts.Clock.Now()
 	if r.st.Engine != "" {
 		e.engine = r.st.Engine
@@ -490,7 +486,8 @@ func (l *Loop) finish(r loopResult) {
 	// The image named its engine, and the overrides file says otherwise
 	// under that name: once more, now.
 	if l.effective(e) != e.applied {
-		e.gen++
+		l.gens++
+		e.gen = l.gens
 		e.due = time.Time{}
 	}
 	news := l.pendingReports()

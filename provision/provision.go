@@ -97,10 +97,20 @@ func New(rt Runtime, resolver Resolver, nodes node.Reader, opts Options) *Provis
 // Provision brings one want to a pinned, proved image, or says why not.
 // Two calls for the same engine at once share one piece of work.
 func (p *Provisioner) Provision(ctx context.Context, w Want) Status {
-	v, _, _ := p.flight.Do(w.Key()+"\x00"+w.Override, func() (any, error) {
-		return p.provision(ctx, w), nil
-	})
-	return v.(Status)
+	for {
+		v, _, shared := p.flight.Do(w.Key()+"\x00"+w.Override, func() (any, error) {
+			st := p.provision(ctx, w)
+			st.Cancelled = ctx.Err() != nil
+			return st, nil
+		})
+		st := v.(Status)
+		if st.Cancelled && shared && ctx.Err() == nil {
+			// Joined a flight whose own caller gave up: that is no answer
+			// to this caller, who still wants one.
+			continue
+		}
+		return st
+	}
 }
 
 // Converge provisions every want, two at a time, and returns their
@@ -178,7 +188,6 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 		st.State, st.Detail = Disabled, "override is none: this node does not run this engine (its pin, if any, is kept until gc)"
 		return st
 	}
-	fp := facts.Fingerprint()
 
 	// Installed wins: a pin proved on these very GPUs and driver is used as
 	// it is, without the registry, so a registry outage cannot stop a node
@@ -187,7 +196,7 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 	if err != nil {
 		return st.fail("%v", err)
 	}
-	if pin := matchPin(pins, w, ov); pin != nil && pin.Node == fp {
+	if pin := matchPin(pins, w, ov); holds(pin, facts) {
 		return st.ready(*pin, true, "pinned "+pin.Ref+" (proved "+pin.ProbedAt.Format(time.RFC3339)+" on this node)")
 	}
 
@@ -218,7 +227,7 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 	}
 	// The want may have named only a reference: now that the key is known,
 	// a pin under it may answer after all.
-	if pin := matchPin(pins, Want{Engine: st.Engine, Version: st.Version, Ref: w.Ref}, ov); pin != nil && pin.Node == fp {
+	if pin := matchPin(pins, Want{Engine: st.Engine, Version: st.Version, Ref: w.Ref}, ov); holds(pin, facts) {
 		return st.ready(*pin, true, "pinned "+pin.Ref+" (proved on this node)")
 	}
 
@@ -245,7 +254,7 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 	}
 
 	for _, c := range plan.Candidates {
-		pin, verdict, attempt := p.try(ctx, &st, c, w, ov, facts)
+		pin, verdict, attempt := p.try(ctx, &st, c, w, ov, facts, pinOf(pins, st.Key))
 		if attempt == nil {
 			st.Verdict = verdict
 			msg := fmt.Sprintf("pinned %s (%s), probe passed", pin.Ref, c.Variant)
@@ -267,7 +276,7 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 	st = st.fail("%s", detail)
 	if old := pinOf(pins, st.Key); old != nil {
 		st.Detail += "; the earlier pin " + old.Ref + " is unchanged"
-		if old.Node == fp {
+		if holds(old, facts) {
 			// Still proved on this node as it is: replicas may keep starting from it.
 			st.Pin, st.Pinned = old, old.Ref
 		}
@@ -276,7 +285,7 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 }
 
 // try pulls, probes and pins one candidate under a lease.
-func (p *Provisioner) try(ctx context.Context, st *Status, c images.Candidate, w Want, ov images.Override, facts *node.Facts) (runtime.Pin, *probe.Verdict, *Attempt) {
+func (p *Provisioner) try(ctx context.Context, st *Status, c images.Candidate, w Want, ov images.Override, facts *node.Facts, old *runtime.Pin) (runtime.Pin, *probe.Verdict, *Attempt) {
 	var (
 		pin     runtime.Pin
 		verdict *probe.Verdict
@@ -311,8 +320,21 @@ func (p *Provisioner) try(ctx context.Context, st *Status, c images.Candidate, w
 			Override: ov.String(), Node: facts.Fingerprint(), ProbedAt: p.opts.Now(),
 			Probe: compactVerdict(v), Simulated: facts.Simulated,
 		}
-		if err := p.rt.SetPin(ctx, pin); err != nil {
-			attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: "pin", Reason: err.Error()}
+		if facts.Simulated && old != nil && !old.Simulated {
+			attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: "pin",
+				Reason: fmt.Sprintf("a simulated probe never replaces %s, which was proved on hardware; use a namespace of its own for simulated runs", old.Ref)}
+		} else {
+			// The pin is one update plus a demotion: once begun it is
+			// finished, whatever happens to the caller meanwhile.
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			err := p.rt.SetPin(pctx, pin)
+			cancel()
+			if err != nil {
+				attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: "pin", Reason: err.Error()}
+			}
+		}
+		if attempt != nil && pulled.Created {
+			p.rt.DiscardCandidate(context.WithoutCancel(ctx), pulled.Name)
 		}
 		return nil
 	})
@@ -382,6 +404,14 @@ func (p *Provisioner) probe(ctx context.Context, image string, c images.Candidat
 	if err != nil {
 		return nil, probe.Tail(res.Output), err
 	}
+	if allGPUs(gpus) {
+		// The pin will say "proved on these GPUs": every one of them.
+		if missing := uncovered(facts.GPUs, v.Devices); len(missing) > 0 {
+			f := probe.NewFailure(fmt.Sprintf("the probe computed on %d of the node's %d GPUs; not on %s (is CUDA_VISIBLE_DEVICES set in the image, or the CDI spec stale?)",
+				len(facts.GPUs)-len(missing), len(facts.GPUs), strings.Join(missing, ", ")), res.Output)
+			return nil, f.Tail, f
+		}
+	}
 	v.Simulated = facts.Simulated
 	return v, probe.Tail(res.Output), nil
 }
@@ -432,6 +462,48 @@ func matchPin(pins []runtime.Pin, w Want, ov images.Override) *runtime.Pin {
 		}
 	}
 	return nil
+}
+
+// holds reports whether a pin was proved on this node as it is now: the
+// same driver and GPUs, and proved the same way — a pin made by the
+// simulated probe never stands for a proof on hardware, nor the reverse.
+func holds(pin *runtime.Pin, facts *node.Facts) bool {
+	return pin != nil && pin.Node == facts.Fingerprint() && pin.Simulated == facts.Simulated
+}
+
+// allGPUs reports whether a probe run was given every GPU of the node.
+func allGPUs(g runtime.GPUs) bool {
+	switch g.Mode {
+	case runtime.GPUCDI:
+		return len(g.Devices) == 1 && g.Devices[0] == runtime.DefaultCDIDevice
+	case runtime.GPUNvidiaRuntime:
+		return len(g.Devices) == 0 || (len(g.Devices) == 1 && g.Devices[0] == "all")
+	case runtime.GPUNone:
+		return true // the simulated probe reports the node's GPUs
+	}
+	return false
+}
+
+// uncovered lists the node's GPUs a verdict does not report. Under MIG the
+// probe sees MIG instances, not GPUs, so only the count is compared there.
+func uncovered(gpus []node.GPU, devs []probe.Device) []string {
+	seen := map[string]bool{}
+	for _, d := range devs {
+		seen[strings.ToLower(d.UUID)] = true
+	}
+	var missing []string
+	for _, g := range gpus {
+		if g.MIG == "enabled" {
+			if len(devs) < 1 {
+				missing = append(missing, fmt.Sprintf("GPU %d (%s)", g.Index, g.Name))
+			}
+			continue
+		}
+		if !seen[strings.ToLower(g.UUID)] {
+			missing = append(missing, fmt.Sprintf("GPU %d (%s, %s)", g.Index, g.Name, g.UUID))
+		}
+	}
+	return missing
 }
 
 func pinOf(pins []runtime.Pin, key string) *runtime.Pin {

@@ -399,3 +399,45 @@ func TestProvisionSimulatedTwoProcessesOneEngineWait(t *testing.T) {
 		t.Fatalf("%s: %s", st.State, st.Detail)
 	}
 }
+
+// A simulated probe never stands for a proof on hardware: it does not
+// replace a pin proved on a GPU, and a simulated pin does not answer for a
+// real node with the same facts.
+func TestProvisionSimulatedNeverReplacesHardwarePin(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu129}, nil)
+	child := e.childRef(t, "cu129")
+	if _, err := e.rt.Pull(ctx, child, runtime.PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	real := *h100("575.57.08", "12.9")
+	real.Simulated = false
+	hw := runtime.Pin{Key: "demo:1.0", Ref: child, Variant: "cu129", Source: e.ref, Override: "auto",
+		Node: real.Fingerprint(), ProbedAt: time.Now().Add(-time.Hour).Truncate(time.Second), Probe: `{"ok":true}`}
+	if err := e.rt.SetPin(ctx, hw); err != nil {
+		t.Fatal(err)
+	}
+	// Same driver and GPUs, but simulated: the hardware pin does not count
+	// as proved here, and the simulated probe may not replace it.
+	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
+	if st.State != provision.Failed || len(st.Attempts) != 1 || st.Attempts[0].Stage != "pin" || !strings.Contains(st.Detail, "proved on hardware") {
+		t.Fatalf("state %s attempts %+v: %s", st.State, st.Attempts, st.Detail)
+	}
+	after, _ := e.rt.GetPin(ctx, "demo:1.0")
+	if after == nil || after.Simulated || !after.ProbedAt.Equal(hw.ProbedAt) || after.Node != hw.Node {
+		t.Fatalf("the hardware pin changed: %+v", after)
+	}
+	// And the reverse (a namespace of its own): the real node does not take
+	// a simulated pin as proved.
+	t.Run("reverse", func(t *testing.T) {
+		e2 := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu129}, nil)
+		if st := e2.p.Provision(ctx, provision.Want{Ref: e2.ref}); st.State != provision.Ready {
+			t.Fatalf("%s: %s", st.State, st.Detail)
+		}
+		realNode := provision.New(e2.rt, &images.Resolver{}, node.Static{Facts: &real}, provision.Options{ProbeDir: t.TempDir()})
+		e2.reg.SetDown(true) // were the simulated pin trusted, no registry would be needed
+		if st := realNode.Provision(ctx, provision.Want{Ref: e2.ref}); st.FromPin || st.State == provision.Ready {
+			t.Fatalf("a real node took a simulated pin as proved: %s %s", st.State, st.Detail)
+		}
+	})
+}

@@ -76,6 +76,9 @@ type Status struct {
 	Attempts    []Attempt          `json:"attempts,omitempty"`
 	Rejected    []images.Rejection `json:"rejected,omitempty"`
 	Simulated   bool               `json:"simulated"`
+	// Cancelled is true when the caller's context ended the provision:
+	// the status answers nothing about the image.
+	Cancelled bool `json:"cancelled,omitempty"`
 	// FromPin is true when an existing pin answered without the registry.
 	FromPin  bool          `json:"from_pin"`
 	Duration time.Duration `json:"duration_ns"`

@@ -19,6 +19,10 @@ const (
 	LabelManaged = "io.gpupin.managed" // on every record gpupin made
 	LabelOwner   = "io.gpupin.owner"   // pid:starttime of the process that made a transient record
 	LabelRole    = "io.gpupin.role"    // candidate, probe, replica
+	// LabelCreated marks image records gpupin created itself; gc deletes
+	// only those, and only lets go of records it adopted (a record kubelet
+	// pulled that gpupin then proved and pinned).
+	LabelCreated = "io.gpupin.created"
 )
 
 // Runtime talks to one containerd namespace.

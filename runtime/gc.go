@@ -7,10 +7,13 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// Collected lists the image records gc removed.
+// Collected lists the image records gc removed, let go of, and kept.
 type Collected struct {
 	Removed []string `json:"removed"`
-	Kept    []string `json:"kept"`
+	// Released are records gpupin adopted but did not create: its labels
+	// are taken off and the record stays for whoever made it.
+	Released []string `json:"released,omitempty"`
+	Kept     []string `json:"kept"`
 }
 
 // GC removes gpupin's image records that no pin and no container uses.
@@ -42,6 +45,14 @@ func (r *Runtime) GC(ctx context.Context, all bool) (Collected, error) {
 			(l[LabelRole] == "candidate" && ownerAlive(l[LabelOwner]))
 		if keep {
 			out.Kept = append(out.Kept, img.Name)
+			continue
+		}
+		if l[LabelCreated] != "true" {
+			img.Labels = nil
+			if _, err := is.Update(ctx, img, labelPaths(append(pinLabelKeys, LabelCreated))...); err != nil && !errdefs.IsNotFound(err) {
+				return out, fmt.Errorf("gc: let go of %s: %w", img.Name, err)
+			}
+			out.Released = append(out.Released, img.Name)
 			continue
 		}
 		if err := is.Delete(ctx, img.Name); err != nil && !errdefs.IsNotFound(err) {

@@ -14,6 +14,8 @@ import (
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/remotes"
+	"github.com/containerd/containerd/v2/core/transfer"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -48,8 +50,10 @@ type PullOptions struct {
 }
 
 // Pull fetches ref (a repo@sha256 reference) and unpacks it into the
-// snapshotter. An existing record of that name is reused as it is: Pull
-// would replace its labels, and those labels may be a pin.
+// snapshotter. It never writes over an existing record of that name:
+// containerd's Pull would replace that record's labels, and those labels
+// may be a pin. So the pull lands under a staging name of its own, and the
+// real record is then created, never updated.
 func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled, error) {
 	ctx = r.ctx(ctx)
 	if _, ok := leases.FromContext(ctx); !ok {
@@ -80,20 +84,21 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 		if err == nil {
 			return Pulled{Name: rec.Name, Digest: rec.Target.Digest.String(), Size: rec.Target.Size}, nil
 		}
-		// Content gone under an existing record: fetch again, under a lease,
-		// without touching the record's labels.
+		// Content gone under an existing record: fetch again, under the
+		// staging name; the record is left as it is.
 	} else if !errdefs.IsNotFound(err) {
 		return Pulled{}, fmt.Errorf("look up %s: %w", ref, err)
 	}
 
-	labels := map[string]string{LabelManaged: "true", LabelRole: "candidate", LabelOwner: owner}
+	labels := map[string]string{LabelManaged: "true", LabelCreated: "true", LabelRole: "candidate", LabelOwner: owner}
 	for k, v := range opts.Labels {
 		labels[k] = v
 	}
 	tracker := newTracker(r.client.ContentStore(), ref, opts.Progress)
 	stop := tracker.start(ctx)
-	img, err := r.client.Pull(ctx, ref,
-		client.WithResolver(r.resolver(ctx)),
+	staging := stagingPrefix + randomHex(8) + "/" + ref
+	img, err := r.client.Pull(ctx, staging,
+		client.WithResolver(&stagingResolver{Resolver: r.resolver(ctx), alias: staging, real: ref}),
 		client.WithPlatformMatcher(matcher),
 		client.WithPullUnpack,
 		client.WithPullSnapshotter(r.snapshotter),
@@ -116,7 +121,50 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 		return Pulled{}, fmt.Errorf("pull %s: drop the lease of an earlier attempt: %w", ref, err)
 	}
 	t := img.Target()
-	return Pulled{Name: img.Name(), Digest: t.Digest.String(), Size: t.Size, Created: true}, nil
+	is := r.client.ImageService()
+	defer is.Delete(context.WithoutCancel(ctx), staging)
+	created := true
+	if _, err := is.Create(ctx, images.Image{Name: ref, Target: t, Labels: labels}); errdefs.IsAlreadyExists(err) {
+		// Made meanwhile by another provision (perhaps pinned already): it
+		// is theirs, and stays as it is.
+		created = false
+	} else if err != nil {
+		return Pulled{}, fmt.Errorf("pull %s: create the image record: %w", ref, err)
+	}
+	return Pulled{Name: ref, Digest: t.Digest.String(), Size: t.Size, Created: created}, nil
+}
+
+// stagingPrefix names the records pulls land under before the real one is
+// created; a sweep removes any a dead process left.
+const stagingPrefix = "gpupin.staging/"
+
+// stagingResolver resolves and fetches the staging name as the real
+// reference, so containerd's Pull names its record after the staging name.
+type stagingResolver struct {
+	remotes.Resolver
+	alias, real string
+}
+
+func (s *stagingResolver) Resolve(ctx context.Context, ref string) (string, ocispec.Descriptor, error) {
+	if ref != s.alias {
+		return s.Resolver.Resolve(ctx, ref)
+	}
+	_, desc, err := s.Resolver.Resolve(ctx, s.real)
+	return s.alias, desc, err
+}
+
+func (s *stagingResolver) Fetcher(ctx context.Context, ref string) (remotes.Fetcher, error) {
+	if ref == s.alias {
+		ref = s.real
+	}
+	return s.Resolver.Fetcher(ctx, ref)
+}
+
+// SetOptions passes Pull's download options (concurrency) on.
+func (s *stagingResolver) SetOptions(opts ...transfer.ImageResolverOption) {
+	if r, ok := s.Resolver.(remotes.ResolverWithOptions); ok {
+		r.SetOptions(opts...)
+	}
 }
 
 // WithLease runs fn under a lease that keeps what it fetches and creates

@@ -210,12 +210,24 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 		status = r.kill(ctx, task, exitCh)
 	case <-ctx.Done():
 		status = r.kill(ctx, task, exitCh)
+		drainOutput(ctx, task)
 		res.Duration = time.Since(start)
 		res.Output, res.Truncated = out.bytes()
 		return res, fmt.Errorf("run %s: %w", id, ctx.Err())
 	}
 	res.Duration = time.Since(start)
 	code, _, serr := status.Result()
+	if res.TimedOut {
+		// Killed at its timeout: that is the answer, whether or not its
+		// exit status came back from the kill.
+		if serr != nil {
+			r.killLost(ctx, task)
+		}
+		drainOutput(ctx, task)
+		res.Output, res.Truncated = out.bytes()
+		res.ExitCode = int(code)
+		return res, fmt.Errorf("run %s: killed after %s: %w", id, spec.Timeout, ErrTimeout)
+	}
 	if serr != nil {
 		// containerd lost the task's exit (it restarted, or went away):
 		// the process may still run in its shim, holding its output open.
@@ -228,9 +240,6 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 		return res, fmt.Errorf("task %s: lost its exit status (did containerd restart?): %w", id, serr)
 	}
 	res.ExitCode = int(code)
-	if res.TimedOut {
-		return res, fmt.Errorf("run %s: killed after %s: %w", id, spec.Timeout, ErrTimeout)
-	}
 	return res, nil
 }
 

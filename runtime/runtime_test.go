@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/runtime"
@@ -185,4 +187,114 @@ func tail(b []byte) string {
 		b = b[len(b)-80:]
 	}
 	return string(b)
+}
+
+// A pull of a digest whose pinned record lost content refetches without
+// touching the record: containerd's own Pull would replace its labels.
+func TestPullNeverRewritesAnExistingRecord(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	rt := testenv.Runtime(t)
+	layer, err := sandbox.RandomLayer(32 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := sandbox.Image(sandbox.ImageSpec{Layers: []v1.Layer{layer}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := sandbox.PushImage(ctx, reg.Host+"/eng:own", img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Host + "/eng@" + d.String()
+	if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pin := runtime.Pin{Key: "eng:own", Ref: ref, Variant: "cu129", Source: reg.Host + "/eng:own", Override: "auto", Node: "sha256-x", ProbedAt: time.Now().Truncate(time.Second)}
+	if err := rt.SetPin(ctx, pin); err != nil {
+		t.Fatal(err)
+	}
+	// The layer's content goes, and with it the unpacked snapshots.
+	nsctx := withNS(ctx, rt.Namespace())
+	ld, _ := layer.Digest()
+	cs := rt.Client().ContentStore()
+	if err := cs.Delete(nsctx, digestOf(ld.String())); err != nil {
+		t.Fatal(err)
+	}
+	sn := rt.Client().SnapshotService("overlayfs")
+	var keys []string
+	sn.Walk(nsctx, func(_ context.Context, info snapshotInfo) error { keys = append(keys, info.Name); return nil })
+	for i := len(keys) - 1; i >= 0; i-- {
+		sn.Remove(nsctx, keys[i])
+	}
+	p, err := rt.Pull(ctx, ref, runtime.PullOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Created {
+		t.Error("the pull claims to have created a record that existed")
+	}
+	got, err := rt.GetPin(ctx, "eng:own")
+	if err != nil || got == nil || got.Ref != ref || got.Node != "sha256-x" {
+		t.Fatalf("the pin's record was rewritten: %+v, %v", got, err)
+	}
+	if _, err := cs.Info(nsctx, digestOf(ld.String())); err != nil {
+		t.Fatalf("the layer was not fetched again: %v", err)
+	}
+	// No staging record is left.
+	imgs, _ := rt.Client().ImageService().List(nsctx)
+	for _, i := range imgs {
+		if strings.HasPrefix(i.Name, "gpupin.staging/") {
+			t.Errorf("staging record left: %s", i.Name)
+		}
+	}
+}
+
+// gc deletes the records gpupin made, and only lets go of one it adopted
+// (pulled by someone else, then proved and pinned by gpupin).
+func TestGCLetsGoOfAdoptedRecords(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	rt := testenv.Runtime(t)
+	ref := pushed(t, reg, "ADOPTED=1")
+	if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	nsctx := withNS(ctx, rt.Namespace())
+	is := rt.Client().ImageService()
+	rec, _ := is.Get(nsctx, ref)
+	// As if kubelet had pulled it: the same target under another name, no labels.
+	adopted := reg.Host + "/other@" + rec.Target.Digest.String()
+	rec.Name, rec.Labels = adopted, nil
+	if _, err := is.Create(nsctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []runtime.Pin{
+		{Key: "a:1", Ref: ref, Node: "x", ProbedAt: time.Now()},
+		{Key: "b:1", Ref: adopted, Node: "x", ProbedAt: time.Now()},
+	} {
+		if err := rt.SetPin(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rt.Unpin(ctx, p.Key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	col, err := rt.GC(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(col.Removed) != 1 || col.Removed[0] != ref || len(col.Released) != 1 || col.Released[0] != adopted {
+		t.Fatalf("gc = %+v; want %s removed and %s released", col, ref, adopted)
+	}
+	got, err := is.Get(nsctx, adopted)
+	if err != nil {
+		t.Fatalf("the adopted record is gone: %v", err)
+	}
+	for k := range got.Labels {
+		if strings.HasPrefix(k, "io.gpupin.") || k == runtime.LabelCRIPinned {
+			t.Errorf("label %s left on the released record", k)
+		}
+	}
 }

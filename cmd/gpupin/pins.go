@@ -143,11 +143,14 @@ func gcCommand() *cli.Command {
 				return cli.Exit(err.Error(), exitError)
 			}
 			if jsonOut(c) {
-				return writeJSON(c.App.Writer, map[string]any{"swept": swept, "removed": col.Removed, "kept": col.Kept})
+				return writeJSON(c.App.Writer, map[string]any{"swept": swept, "removed": col.Removed, "released": col.Released, "kept": col.Kept})
 			}
 			fmt.Fprintf(c.App.Writer, "swept %d containers, %d leases, %d candidates left by interrupted runs\n", swept.Containers, swept.Leases, swept.Candidates)
 			for _, r := range col.Removed {
 				fmt.Fprintln(c.App.Writer, "removed", r)
+			}
+			for _, r := range col.Released {
+				fmt.Fprintln(c.App.Writer, "released", r, "(not made by gpupin: its labels are off, the image stays)")
 			}
 			fmt.Fprintf(c.App.Writer, "kept %d images\n", len(col.Kept))
 			return nil
