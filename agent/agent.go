@@ -149,14 +149,15 @@ func (a *Agent) SetOverride(engine, value string) (images.Override, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.opts.OverridesPath != "" {
-		of, err := images.LoadOverrides(a.opts.OverridesPath)
+		var inputErr error
+		of, err := images.UpdateOverrides(a.opts.OverridesPath, func(of *images.OverrideFile) error {
+			_, inputErr = of.Set(engine, o.String())
+			return inputErr
+		})
+		if inputErr != nil {
+			return images.Override{}, &InputError{inputErr}
+		}
 		if err != nil {
-			return images.Override{}, err
-		}
-		if _, err := of.Set(engine, o.String()); err != nil {
-			return images.Override{}, &InputError{err}
-		}
-		if err := of.Save(); err != nil {
 			return images.Override{}, fmt.Errorf("save override: %w", err)
 		}
 		a.fileOv = of.Overrides

@@ -2,6 +2,7 @@ package images
 
 import (
 	"os"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -146,5 +147,40 @@ func TestOverrideFileRefuses(t *testing.T) {
 	of2, err := LoadOverrides(path)
 	if err != nil || of2.Overrides["vllm"] != "cu129" || of2.Overrides["sglang"] != "none" {
 		t.Errorf("flow style: %+v, %v", of2, err)
+	}
+}
+
+// Writers at once (the CLI and the agent) lose none of each other's changes.
+func TestUpdateOverridesConcurrentWritersLoseNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "etc", "overrides.yaml")
+	const n = 16
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			_, err := UpdateOverrides(path, func(of *OverrideFile) error {
+				_, err := of.Set(fmt.Sprintf("engine%d", i), "cu129")
+				return err
+			})
+			errs <- err
+		}()
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	of, err := LoadOverrides(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(of.Overrides) != n {
+		t.Fatalf("%d of %d overrides survived: %v", len(of.Overrides), n, of.Overrides)
+	}
+	// A refused change writes nothing.
+	if _, err := UpdateOverrides(path, func(of *OverrideFile) error { _, err := of.Set("engine0", "Bad Value"); return err }); err == nil {
+		t.Fatal("a bad value was accepted")
+	}
+	if of, _ := LoadOverrides(path); of.Overrides["engine0"] != "cu129" {
+		t.Fatalf("engine0 = %q after a refused change", of.Overrides["engine0"])
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 
 	"sigs.k8s.io/yaml"
 )
@@ -169,4 +170,33 @@ func writeFileAtomic(path string, data []byte, mode fs.FileMode) (err error) {
 		return fmt.Errorf("write %s: fsync dir: %w", path, err)
 	}
 	return nil
+}
+
+// UpdateOverrides reads the overrides file, lets fn change it, and writes
+// it back, holding a lock beside it the whole time: the CLI and the agent
+// both write the file, and neither may lose the other's change.
+func UpdateOverrides(path string, fn func(*OverrideFile) error) (*OverrideFile, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("overrides dir: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("lock overrides: %w", err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("lock overrides: %w", err)
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	of, err := LoadOverrides(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := fn(of); err != nil {
+		return nil, err
+	}
+	if err := of.Save(); err != nil {
+		return nil, err
+	}
+	return of, nil
 }

@@ -77,20 +77,29 @@ func runOverrideSet(c *cli.Context) error {
 		return cli.Exit("usage: gpupin override set ENGINE VALUE [--ref REF]; "+images.OverrideForms, exitUsage)
 	}
 	engine, value := args[0], args[1]
-	of, err := loadOverrideFile(c)
-	if err != nil {
-		return cli.Exit(err.Error(), exitError)
+	ov, err := images.ParseOverride(value)
+	if err == nil && !images.ValidEngineName(engine) {
+		err = fmt.Errorf("%q is not an engine name", engine)
 	}
-	ov, err := of.Set(engine, value)
 	if err != nil {
 		return cli.Exit(err.Error(), exitUsage)
 	}
+	// The registry is asked before the file is locked: a slow registry
+	// must not hold up the agent's writes.
 	if ref := c.String("ref"); ref != "" {
 		if err := checkOverrideAgainst(c, engine, ov, ref); err != nil {
 			return err
 		}
 	}
-	if err := of.Save(); err != nil {
+	var setErr error
+	of, err := images.UpdateOverrides(lineageString(c, "overrides"), func(of *images.OverrideFile) error {
+		ov, setErr = of.Set(engine, value)
+		return setErr
+	})
+	if setErr != nil {
+		return cli.Exit(setErr.Error(), exitUsage)
+	}
+	if err != nil {
 		return cli.Exit(err.Error(), exitError)
 	}
 	if jsonOut(c) {
@@ -199,15 +208,13 @@ func runOverrideClear(c *cli.Context) error {
 	if !images.ValidEngineName(engine) {
 		return cli.Exit(fmt.Sprintf("%q is not an engine name", engine), exitUsage)
 	}
-	of, err := loadOverrideFile(c)
+	var was bool
+	of, err := images.UpdateOverrides(lineageString(c, "overrides"), func(of *images.OverrideFile) error {
+		was = of.Clear(engine)
+		return nil
+	})
 	if err != nil {
 		return cli.Exit(err.Error(), exitError)
-	}
-	was := of.Clear(engine)
-	if was {
-		if err := of.Save(); err != nil {
-			return cli.Exit(err.Error(), exitError)
-		}
 	}
 	if jsonOut(c) {
 		return jsonOrExit(c, overrideEntry{Engine: engine, Override: "auto", Kind: string(images.OverrideAuto), Set: false, File: of.Path})
