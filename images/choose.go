@@ -63,6 +63,16 @@ func Choose(f *node.Facts, set *Set, ov Override) *Plan {
 	}
 	var onPlatform []Variant
 	seen := map[string]bool{}
+	var valid []Variant
+	for _, v := range set.Variants {
+		if v.Invalid != "" {
+			p.Rejected = append(p.Rejected, Rejection{Variant: v.Variant, Platform: v.Platform,
+				Reason: "unreadable metadata, skipped: " + v.Invalid + "; ask its publisher to fix the index"})
+			continue
+		}
+		valid = append(valid, v)
+	}
+	set = &Set{Ref: set.Ref, Repo: set.Repo, Digest: set.Digest, MediaType: set.MediaType, Variants: valid}
 	for _, v := range set.Variants {
 		if PlatformMatches(v.Platform, f.Platform) {
 			onPlatform = append(onPlatform, v)

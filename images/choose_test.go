@@ -425,3 +425,38 @@ func TestRejectComparesCUDAMajorMinor(t *testing.T) {
 		}
 	}
 }
+
+// One entry with malformed metadata (here another platform's) is a
+// rejection; the good entries stay usable.
+func TestChooseBadEntryIsARejection(t *testing.T) {
+	ctx := context.Background()
+	reg, err := sandbox.StartRegistry(sandbox.RegistryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	good, _ := sandbox.Image(sandbox.ImageSpec{Env: []string{"CUDA_VERSION=12.9.0"}})
+	bad, _ := sandbox.Image(sandbox.ImageSpec{Arch: "arm64", Env: []string{"CUDA_VERSION=12.9.0"}})
+	md := images.Metadata{Engine: "e", EngineVersion: "1", Variant: "cu129", CUDA: "12.9", Archs: "9.0"}
+	badAnn := md.Annotations()
+	badAnn[images.AnnotationArchs] = "Hopper;Blackwell"
+	ref := reg.Host + "/e:1"
+	if _, err := sandbox.PushIndex(ctx, ref, []sandbox.IndexEntry{
+		{Image: good, Annotations: md.Annotations(), Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}},
+		{Image: bad, Annotations: badAnn, Platform: &v1.Platform{OS: "linux", Architecture: "arm64"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	set, err := (&images.Resolver{}).Resolve(ctx, ref)
+	if err != nil {
+		t.Fatalf("one bad entry failed the whole reference: %v", err)
+	}
+	f := &node.Facts{Driver: "575.57.08", CUDA: "12.9", Platform: "linux/amd64", GPUs: []node.GPU{{Index: 0, UUID: "GPU-1", Name: "H100", CC: "9.0"}}}
+	p := images.Choose(f, set, images.Override{Kind: images.OverrideAuto})
+	if p.Outcome != images.OutcomeReady || len(p.Candidates) != 1 || p.Candidates[0].Platform != "linux/amd64" {
+		t.Fatalf("plan %+v", p)
+	}
+	if len(p.Rejected) != 1 || !strings.Contains(p.Rejected[0].Reason, "unreadable metadata") || !strings.Contains(p.Rejected[0].Reason, "Hopper") {
+		t.Fatalf("rejected = %+v", p.Rejected)
+	}
+}

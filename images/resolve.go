@@ -51,7 +51,10 @@ type Variant struct {
 	Platform string `json:"platform"`
 	// Derived is true when the metadata came from the image config, not
 	// from gpupin's annotations.
-	Derived bool          `json:"derived"`
+	Derived bool `json:"derived"`
+	// Invalid says why an entry's metadata could not be read; such an
+	// entry is only ever a rejection.
+	Invalid string        `json:"invalid,omitempty"`
 	Require *Requirements `json:"-"`
 	// RequireDisabled is true for a derived variant whose image sets
 	// NVIDIA_DISABLE_REQUIRE: its CUDA requirement is not checked.
@@ -117,10 +120,28 @@ func (r *Resolver) Resolve(ctx context.Context, ref string) (*Set, error) {
 				continue // buildx attestation manifests
 			}
 			v, err := r.entry(ctx, repo, d, opts)
+			var bad *metadataError
+			if errors.As(err, &bad) {
+				// One bad entry (another platform's, say) must not make the
+				// good ones unusable: it becomes a rejection with its reason.
+				set.Variants = append(set.Variants, Variant{Ref: repo.Digest(d.Digest.String()).Name(), Digest: d.Digest.String(),
+					Platform: platformString(d.Platform), Metadata: Metadata{Variant: fmt.Sprintf("entry %d", i)},
+					Invalid: fmt.Sprintf("entry %d (%s): %v", i, d.Digest, err)})
+				continue
+			}
 			if err != nil {
 				return nil, fmt.Errorf("resolve %s: entry %d (%s): %w", ref, i, d.Digest, err)
 			}
 			set.Variants = append(set.Variants, v)
+		}
+		var invalid []string
+		for _, v := range set.Variants {
+			if v.Invalid != "" {
+				invalid = append(invalid, v.Invalid)
+			}
+		}
+		if len(invalid) > 0 && len(invalid) == len(set.Variants) {
+			return nil, fmt.Errorf("resolve %s: no entry has usable metadata: %s", ref, strings.Join(invalid, "; "))
 		}
 	case desc.MediaType.IsImage():
 		img, err := desc.Image()
@@ -153,7 +174,7 @@ func (r *Resolver) entry(ctx context.Context, repo name.Repository, d v1.Descrip
 	if HasMetadata(d.Annotations) {
 		m, err := ParseAnnotations(d.Annotations)
 		if err != nil {
-			return Variant{}, err
+			return Variant{}, &metadataError{err}
 		}
 		v.Metadata = m
 		return v, nil
@@ -180,7 +201,7 @@ func (r *Resolver) fromImage(repo name.Repository, d v1.Descriptor, img v1.Image
 	if annotated {
 		md, err := ParseAnnotations(d.Annotations)
 		if err != nil {
-			return Variant{}, err
+			return Variant{}, &metadataError{err}
 		}
 		v.Metadata = md
 		if d.Platform != nil {
@@ -206,7 +227,7 @@ func (r *Resolver) fromImage(repo name.Repository, d v1.Descriptor, img v1.Image
 	}
 	md, req, err := DeriveMetadata(cf.Config.Env, cf.Config.Labels)
 	if err != nil {
-		return Variant{}, err
+		return Variant{}, &metadataError{err}
 	}
 	v.Metadata, v.Require, v.Derived = md, req, true
 	v.RequireDisabled = req == nil
@@ -305,6 +326,13 @@ func PlatformMatches(entry, nodePlatform string) bool {
 	}
 	return platforms.OnlyStrict(want).Match(have)
 }
+
+// metadataError is an entry whose metadata cannot be read: the registry
+// answered, but what it holds is malformed.
+type metadataError struct{ err error }
+
+func (e *metadataError) Error() string { return e.err.Error() }
+func (e *metadataError) Unwrap() error { return e.err }
 
 // limitTransport refuses manifests larger than MaxManifestBytes before they
 // are read into memory.
