@@ -2,6 +2,7 @@ package images
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -213,9 +214,14 @@ func (r *Resolver) fromImage(repo name.Repository, d v1.Descriptor, img v1.Image
 		return Variant{}, err
 	}
 	if m.Config.Size > maxConfigBytes {
-		return Variant{}, fmt.Errorf("config of %d bytes: more than %d", m.Config.Size, maxConfigBytes)
+		return Variant{}, &metadataError{fmt.Errorf("config of %d bytes: more than %d", m.Config.Size, maxConfigBytes)}
 	}
 	cf, err := img.ConfigFile()
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &se) || errors.As(err, &te) {
+		return Variant{}, &metadataError{fmt.Errorf("config: %w", err)}
+	}
 	if err != nil {
 		return Variant{}, fmt.Errorf("config: %w", err)
 	}

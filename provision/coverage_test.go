@@ -19,8 +19,12 @@ func TestUncoveredGPUs(t *testing.T) {
 	}{
 		{"all seen", gpus, []probe.Device{{UUID: "GPU-AAAA"}, {UUID: "gpu-bbbb"}}, ""},
 		{"one missing", gpus, []probe.Device{{UUID: "GPU-aaaa"}}, "GPU 1 (L4, GPU-bbbb)"},
-		{"none", gpus, nil, "GPU 0 (H100, GPU-aaaa), GPU 1 (L4, GPU-bbbb)"},
+		{"wrong one", gpus, []probe.Device{{UUID: "GPU-aaaa"}, {UUID: "GPU-cccc"}}, "GPU 1 (L4, GPU-bbbb)"},
+		{"none", gpus, nil, "2 of them (it reported 0 devices)"},
+		{"no UUIDs: the count", gpus, []probe.Device{{Index: 0}, {Index: 1}}, ""},
+		{"no UUIDs, too few", gpus, []probe.Device{{Index: 0}}, "1 of them (it reported 1 devices)"},
 		{"MIG counts instances", []node.GPU{{Index: 0, UUID: "GPU-aaaa", Name: "A100", MIG: "enabled"}}, []probe.Device{{UUID: "MIG-1234"}}, ""},
+		{"MIG, too few instances", []node.GPU{{Index: 0, MIG: "enabled"}, {Index: 1, MIG: "enabled"}}, []probe.Device{{UUID: "MIG-1"}}, "1 of them (it reported 1 devices)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := strings.Join(uncovered(tc.gpus, tc.devs), ", "); got != tc.want {

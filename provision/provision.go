@@ -253,8 +253,12 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 		return st.fail("%s", plan.Detail)
 	}
 
+	if old := pinOf(pins, st.Key); facts.Simulated && old != nil && !old.Simulated {
+		// Decided before any pull: every pass would end the same way.
+		return st.fail("a simulated probe never replaces %s, which was proved on hardware; use a namespace of its own for simulated runs", old.Ref)
+	}
 	for _, c := range plan.Candidates {
-		pin, verdict, attempt := p.try(ctx, &st, c, w, ov, facts, pinOf(pins, st.Key))
+		pin, verdict, attempt := p.try(ctx, &st, c, w, ov, facts)
 		if attempt == nil {
 			st.Verdict = verdict
 			msg := fmt.Sprintf("pinned %s (%s), probe passed", pin.Ref, c.Variant)
@@ -285,7 +289,7 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 }
 
 // try pulls, probes and pins one candidate under a lease.
-func (p *Provisioner) try(ctx context.Context, st *Status, c images.Candidate, w Want, ov images.Override, facts *node.Facts, old *runtime.Pin) (runtime.Pin, *probe.Verdict, *Attempt) {
+func (p *Provisioner) try(ctx context.Context, st *Status, c images.Candidate, w Want, ov images.Override, facts *node.Facts) (runtime.Pin, *probe.Verdict, *Attempt) {
 	var (
 		pin     runtime.Pin
 		verdict *probe.Verdict
@@ -320,18 +324,13 @@ func (p *Provisioner) try(ctx context.Context, st *Status, c images.Candidate, w
 			Override: ov.String(), Node: facts.Fingerprint(), ProbedAt: p.opts.Now(),
 			Probe: compactVerdict(v), Simulated: facts.Simulated,
 		}
-		if facts.Simulated && old != nil && !old.Simulated {
-			attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: "pin",
-				Reason: fmt.Sprintf("a simulated probe never replaces %s, which was proved on hardware; use a namespace of its own for simulated runs", old.Ref)}
-		} else {
-			// The pin is one update plus a demotion: once begun it is
-			// finished, whatever happens to the caller meanwhile.
-			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			err := p.rt.SetPin(pctx, pin)
-			cancel()
-			if err != nil {
-				attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: "pin", Reason: err.Error()}
-			}
+		// The pin is one update plus a demotion: once begun it is
+		// finished, whatever happens to the caller meanwhile.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		err = p.rt.SetPin(pctx, pin)
+		cancel()
+		if err != nil {
+			attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: "pin", Reason: err.Error()}
 		}
 		if attempt != nil && pulled.Created {
 			p.rt.DiscardCandidate(context.WithoutCancel(ctx), pulled.Name)
@@ -407,8 +406,8 @@ func (p *Provisioner) probe(ctx context.Context, image string, c images.Candidat
 	if allGPUs(gpus) {
 		// The pin will say "proved on these GPUs": every one of them.
 		if missing := uncovered(facts.GPUs, v.Devices); len(missing) > 0 {
-			f := probe.NewFailure(fmt.Sprintf("the probe computed on %d of the node's %d GPUs; not on %s (is CUDA_VISIBLE_DEVICES set in the image, or the CDI spec stale?)",
-				len(facts.GPUs)-len(missing), len(facts.GPUs), strings.Join(missing, ", ")), res.Output)
+			f := probe.NewFailure(fmt.Sprintf("the probe did not compute on all of the node's %d GPUs; missing %s (is CUDA_VISIBLE_DEVICES set in the image, or the CDI spec stale?)",
+				len(facts.GPUs), strings.Join(missing, ", ")), res.Output)
 			return nil, f.Tail, f
 		}
 	}
@@ -484,21 +483,32 @@ func allGPUs(g runtime.GPUs) bool {
 	return false
 }
 
-// uncovered lists the node's GPUs a verdict does not report. Under MIG the
-// probe sees MIG instances, not GPUs, so only the count is compared there.
+// uncovered lists the node's GPUs a verdict does not report. Devices are
+// matched by UUID; a verdict whose devices carry no UUIDs (an image's own
+// self-test may not print them) is held to the count instead. Under MIG the
+// probe sees instances, not GPUs: there it must have seen at least as many
+// devices as the node has GPUs.
 func uncovered(gpus []node.GPU, devs []probe.Device) []string {
 	seen := map[string]bool{}
+	withUUID := 0
 	for _, d := range devs {
-		seen[strings.ToLower(d.UUID)] = true
+		if d.UUID != "" {
+			seen[strings.ToLower(d.UUID)] = true
+			withUUID++
+		}
+	}
+	mig := false
+	for _, g := range gpus {
+		mig = mig || g.MIG == "enabled"
+	}
+	if mig || withUUID < len(devs) || withUUID == 0 {
+		if len(devs) >= len(gpus) {
+			return nil
+		}
+		return []string{fmt.Sprintf("%d of them (it reported %d devices)", len(gpus)-len(devs), len(devs))}
 	}
 	var missing []string
 	for _, g := range gpus {
-		if g.MIG == "enabled" {
-			if len(devs) < 1 {
-				missing = append(missing, fmt.Sprintf("GPU %d (%s)", g.Index, g.Name))
-			}
-			continue
-		}
 		if !seen[strings.ToLower(g.UUID)] {
 			missing = append(missing, fmt.Sprintf("GPU %d (%s, %s)", g.Index, g.Name, g.UUID))
 		}

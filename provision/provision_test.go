@@ -420,7 +420,8 @@ func TestProvisionSimulatedNeverReplacesHardwarePin(t *testing.T) {
 	// Same driver and GPUs, but simulated: the hardware pin does not count
 	// as proved here, and the simulated probe may not replace it.
 	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
-	if st.State != provision.Failed || len(st.Attempts) != 1 || st.Attempts[0].Stage != "pin" || !strings.Contains(st.Detail, "proved on hardware") {
+	// It is refused before any pull: no attempt was made.
+	if st.State != provision.Failed || len(st.Attempts) != 0 || !strings.Contains(st.Detail, "proved on hardware") {
 		t.Fatalf("state %s attempts %+v: %s", st.State, st.Attempts, st.Detail)
 	}
 	after, _ := e.rt.GetPin(ctx, "demo:1.0")

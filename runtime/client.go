@@ -17,7 +17,7 @@ import (
 // Labels gpupin puts on what it creates, so it can find it again.
 const (
 	LabelManaged = "io.gpupin.managed" // on every record gpupin made
-	LabelOwner   = "io.gpupin.owner"   // pid:starttime of the process that made a transient record
+	LabelOwner   = "io.gpupin.owner"   // pid:starttime:pidns of the process that made a transient record
 	LabelRole    = "io.gpupin.role"    // candidate, probe, replica
 	// LabelCreated marks image records gpupin created itself; gc deletes
 	// only those, and only lets go of records it adopted (a record kubelet

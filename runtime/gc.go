@@ -17,7 +17,9 @@ type Collected struct {
 }
 
 // GC removes gpupin's image records that no pin and no container uses.
-// The previous pin of each engine stays for rollback unless all is set.
+// The previous pin of each engine stays for rollback unless all is set;
+// all also takes candidates that a process of another pid namespace left
+// more than a lease's life ago.
 // containerd's own garbage collector then frees the content.
 func (r *Runtime) GC(ctx context.Context, all bool) (Collected, error) {
 	ctx = r.ctx(ctx)
@@ -42,7 +44,7 @@ func (r *Runtime) GC(ctx context.Context, all bool) (Collected, error) {
 		l := img.Labels
 		keep := l[LabelPin] != "" || used[img.Name] ||
 			(l[LabelPrevious] != "" && !all) ||
-			(l[LabelRole] == "candidate" && ownerAlive(l[LabelOwner]))
+			(l[LabelRole] == "candidate" && ownerAlive(l[LabelOwner]) && !(all && staleForeign(l[LabelOwner], img.CreatedAt)))
 		if keep {
 			out.Kept = append(out.Kept, img.Name)
 			continue

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // owner identifies this process across pid reuse: pid, start time, and
@@ -38,8 +39,9 @@ func startTime(pid int) string {
 
 // ownerAlive reports whether the process named in an owner label still
 // runs. A process of another pid namespace (the agent in a pod, an operator
-// on the host) cannot be looked up from here: it counts as alive, and what
-// it left goes when its lease expires or on `gc --all`.
+// on the host) cannot be looked up from here: it counts as alive. Its
+// leases expire by themselves; `gc --all` removes its records and probe
+// containers once they are older than a lease (see staleForeign).
 func ownerAlive(label string) bool {
 	pidStr, rest, ok := strings.Cut(label, ":")
 	if !ok {
@@ -55,4 +57,13 @@ func ownerAlive(label string) bool {
 	}
 	st := startTime(pid)
 	return st != "" && st == start
+}
+
+// staleForeign reports whether an owner label names a process of another pid
+// namespace and the thing it owns is older than a lease lives: whatever
+// made it has had a day to finish.
+func staleForeign(label string, created time.Time) bool {
+	_, rest, _ := strings.Cut(label, ":")
+	_, ns, _ := strings.Cut(rest, ":")
+	return ns != "" && ns != pidNS && time.Since(created) > leaseTTL
 }

@@ -158,16 +158,16 @@ func (r *Runtime) SetPin(ctx context.Context, p Pin) error {
 	if _, err := is.Update(ctx, img, labelPaths(pinLabelKeys)...); err != nil {
 		return fmt.Errorf("pin %s: update %s: %w", p.Key, p.Ref, err)
 	}
+	// The pin is in effect from here on: Pins takes the newest probe of a
+	// key. A demotion that fails now is finished by the next SetPin of the
+	// key, so it is not reported as a failed pin.
 	others, err := is.List(ctx, fmt.Sprintf(`labels.%q==%q`, LabelPin, p.Key))
 	if err != nil {
-		return fmt.Errorf("pin %s: list: %w", p.Key, err)
+		return nil
 	}
 	for _, o := range others {
-		if o.Name == p.Ref {
-			continue
-		}
-		if err := r.demote(ctx, o, p.Key); err != nil {
-			return fmt.Errorf("pin %s: demote %s: %w", p.Key, o.Name, err)
+		if o.Name != p.Ref {
+			r.demote(ctx, o, p.Key)
 		}
 	}
 	// An older previous of this key is superseded: gc keeps one for rollback.

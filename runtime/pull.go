@@ -96,7 +96,11 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 	}
 	tracker := newTracker(r.client.ContentStore(), ref, opts.Progress)
 	stop := tracker.start(ctx)
-	staging := stagingPrefix + randomHex(8) + "/" + ref
+	staging := ref + stagingSuffix + randomHex(8)
+	is := r.client.ImageService()
+	// Whatever happens from here, the staging record goes: containerd may
+	// have made it even when its Pull fails (an unpack after the record).
+	defer is.Delete(context.WithoutCancel(ctx), staging)
 	img, err := r.client.Pull(ctx, staging,
 		client.WithResolver(&stagingResolver{Resolver: r.resolver(ctx), alias: staging, real: ref}),
 		client.WithPlatformMatcher(matcher),
@@ -116,13 +120,7 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 		}
 		return Pulled{}, err
 	}
-	// The record holds everything now; an earlier failure's keep is done.
-	if err := r.client.LeasesService().Delete(ctx, leases.Lease{ID: partialLeaseID(ref)}); err != nil && !errdefs.IsNotFound(err) {
-		return Pulled{}, fmt.Errorf("pull %s: drop the lease of an earlier attempt: %w", ref, err)
-	}
 	t := img.Target()
-	is := r.client.ImageService()
-	defer is.Delete(context.WithoutCancel(ctx), staging)
 	created := true
 	if _, err := is.Create(ctx, images.Image{Name: ref, Target: t, Labels: labels}); errdefs.IsAlreadyExists(err) {
 		// Made meanwhile by another provision (perhaps pinned already): it
@@ -131,12 +129,17 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 	} else if err != nil {
 		return Pulled{}, fmt.Errorf("pull %s: create the image record: %w", ref, err)
 	}
+	// The record holds everything now; an earlier failure's keep is done.
+	// Best effort: the lease expires by itself.
+	r.client.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: partialLeaseID(ref)})
 	return Pulled{Name: ref, Digest: t.Digest.String(), Size: t.Size, Created: created}, nil
 }
 
-// stagingPrefix names the records pulls land under before the real one is
-// created; a sweep removes any a dead process left.
-const stagingPrefix = "gpupin.staging/"
+// stagingSuffix names the records pulls land under before the real one is
+// created; a sweep removes any a dead process left. It is a URL fragment
+// of the reference, so containerd still reads the real registry and
+// repository from the name (for its distribution-source labels).
+const stagingSuffix = "#gpupin-staging-"
 
 // stagingResolver resolves and fetches the staging name as the real
 // reference, so containerd's Pull names its record after the staging name.
@@ -167,13 +170,17 @@ func (s *stagingResolver) SetOptions(opts ...transfer.ImageResolverOption) {
 	}
 }
 
+// leaseTTL bounds a lease: what a process that vanished left under it goes
+// after this long even if no sweep sees it.
+const leaseTTL = 24 * time.Hour
+
 // WithLease runs fn under a lease that keeps what it fetches and creates
 // until it returns; the lease is labelled so a sweep removes it if this
 // process dies first.
 func (r *Runtime) WithLease(ctx context.Context, fn func(ctx context.Context) error) error {
 	ctx = r.ctx(ctx)
 	ls := r.client.LeasesService()
-	l, err := ls.Create(ctx, leases.WithRandomID(), leases.WithExpiration(24*time.Hour),
+	l, err := ls.Create(ctx, leases.WithRandomID(), leases.WithExpiration(leaseTTL),
 		leases.WithLabels(map[string]string{LabelManaged: "true", LabelOwner: owner}))
 	if err != nil {
 		return fmt.Errorf("create lease: %w", err)

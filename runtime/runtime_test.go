@@ -51,6 +51,21 @@ func TestPullByDigestAndRunHardened(t *testing.T) {
 	if !last.Finished || last.Done != last.Total || last.Layers == 0 {
 		t.Fatalf("final progress %+v: want finished with all layers", last)
 	}
+	// The pull landed under a staging name and left only the real record;
+	// containerd still recorded where the content came from.
+	nsctx := withNS(ctx, rt.Namespace())
+	imgs, err := rt.Client().ImageService().List(nsctx)
+	if err != nil || len(imgs) != 1 || imgs[0].Name != ref {
+		t.Fatalf("image records after a pull: %v, %v; want only %s", imgs, err, ref)
+	}
+	info, err := rt.Client().ContentStore().Info(nsctx, imgs[0].Target.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _, _ := strings.Cut(reg.Host, ":") // containerd keys it by host name, without the port
+	if src := info.Labels["containerd.io/distribution.source."+host]; src != "eng" {
+		t.Errorf("distribution source label = %q (labels %v); want the real repository", src, info.Labels)
+	}
 
 	script := `echo net=$(ls /sys/class/net | tr '\n' ' '); ` +
 		`if touch /rootfs-test 2>/dev/null; then echo rootfs=writable; else echo rootfs=readonly; fi; ` +
@@ -245,7 +260,7 @@ func TestPullNeverRewritesAnExistingRecord(t *testing.T) {
 	// No staging record is left.
 	imgs, _ := rt.Client().ImageService().List(nsctx)
 	for _, i := range imgs {
-		if strings.HasPrefix(i.Name, "gpupin.staging/") {
+		if strings.Contains(i.Name, "#gpupin-staging-") {
 			t.Errorf("staging record left: %s", i.Name)
 		}
 	}

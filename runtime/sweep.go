@@ -28,8 +28,13 @@ func (r *Runtime) Sweep(ctx context.Context) (Swept, error) {
 		return s, fmt.Errorf("sweep: list containers: %w", err)
 	}
 	for _, c := range conts {
-		labels, err := c.Labels(ctx)
-		if err != nil || ownerAlive(labels[LabelOwner]) || labels[LabelRole] != "probe" {
+		info, err := c.Info(ctx)
+		if err != nil || info.Labels[LabelRole] != "probe" {
+			continue
+		}
+		// A probe lives minutes; one a day old from another pid namespace
+		// has no one waiting on it.
+		if o := info.Labels[LabelOwner]; ownerAlive(o) && !staleForeign(o, info.CreatedAt) {
 			continue
 		}
 		if task, err := c.Task(ctx, nil); err == nil {
