@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/provision"
@@ -52,6 +53,9 @@ type Agent struct {
 	apiWants []provision.Want // nil: the file's wants hold
 	fileOv   map[string]string
 	ovData   []byte
+
+	watching chan struct{} // closed once Watch sees the files' directories
+	reloads  atomic.Int64  // reloads Watch has done
 }
 
 // New makes an Agent over a loop; call Reload to read the files.
@@ -59,7 +63,7 @@ func New(loop *provision.Loop, pins PinLister, opts Options) *Agent {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Agent{loop: loop, pins: pins, opts: opts, cfg: &Config{}, fileOv: map[string]string{}}
+	return &Agent{loop: loop, pins: pins, opts: opts, cfg: &Config{}, fileOv: map[string]string{}, watching: make(chan struct{})}
 }
 
 // Loop is the loop the agent feeds.

