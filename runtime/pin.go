@@ -225,17 +225,16 @@ func (r *Runtime) Unpin(ctx context.Context, key string) (*Pin, error) {
 func (r *Runtime) DiscardCandidate(ctx context.Context, name string) error {
 	ctx = r.ctx(ctx)
 	is := r.client.ImageService()
-	img, err := is.Get(ctx, name)
-	if errdefs.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if img.Labels[LabelPin] != "" || img.Labels[LabelPrevious] != "" || img.Labels[LabelRole] != "candidate" {
-		return nil
-	}
-	return is.Delete(ctx, name)
+	return cleanup(ctx, func(ctx context.Context) error {
+		img, err := is.Get(ctx, name)
+		if err != nil {
+			return err
+		}
+		if img.Labels[LabelPin] != "" || img.Labels[LabelPrevious] != "" || img.Labels[LabelRole] != "candidate" {
+			return nil
+		}
+		return is.Delete(ctx, name)
+	})
 }
 
 func labelPaths(keys []string) []string {

@@ -100,7 +100,7 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 	is := r.client.ImageService()
 	// Whatever happens from here, the staging record goes: containerd may
 	// have made it even when its Pull fails (an unpack after the record).
-	defer is.Delete(context.WithoutCancel(ctx), staging)
+	defer cleanup(ctx, func(ctx context.Context) error { return is.Delete(ctx, staging) })
 	img, err := r.client.Pull(ctx, staging,
 		client.WithResolver(&stagingResolver{Resolver: r.resolver(ctx), alias: staging, real: ref}),
 		client.WithPlatformMatcher(matcher),
@@ -185,11 +185,7 @@ func (r *Runtime) WithLease(ctx context.Context, fn func(ctx context.Context) er
 	if err != nil {
 		return fmt.Errorf("create lease: %w", err)
 	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		ls.Delete(dctx, l)
-	}()
+	defer cleanup(ctx, func(ctx context.Context) error { return ls.Delete(ctx, l) })
 	return fn(leases.WithLease(ctx, l.ID))
 }
 

@@ -155,9 +155,8 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 	// Cleanup must run even when ctx is cancelled: a killed probe must not
 	// leave its container, task or snapshot.
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if derr := cont.Delete(cctx, client.WithSnapshotCleanup); derr != nil && err == nil {
+		derr := cleanup(ctx, func(ctx context.Context) error { return cont.Delete(ctx, client.WithSnapshotCleanup) })
+		if derr != nil && err == nil {
 			err = fmt.Errorf("remove container %s: %w", id, derr)
 		}
 	}()
@@ -182,9 +181,11 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 		return res, fmt.Errorf("create task %s: %w", id, err)
 	}
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if _, derr := task.Delete(cctx, client.WithProcessKill); derr != nil && err == nil {
+		derr := cleanup(ctx, func(ctx context.Context) error {
+			_, err := task.Delete(ctx, client.WithProcessKill)
+			return err
+		})
+		if derr != nil && err == nil {
 			err = fmt.Errorf("remove task %s: %w", id, derr)
 		}
 	}()
