@@ -120,6 +120,14 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 		}
 		return Pulled{}, err
 	}
+	// containerd skips unpacking a layer whose snapshot exists, without
+	// taking a reference to it; a collection running meanwhile may have
+	// removed it. Check, and unpack again under this pull's lease if so.
+	if ok, err := img.IsUnpacked(ctx, r.snapshotter); err == nil && !ok {
+		if err := img.Unpack(ctx, r.snapshotter); err != nil {
+			return Pulled{}, fmt.Errorf("pull %s: unpack: %w", ref, err)
+		}
+	}
 	t := img.Target()
 	created := true
 	if _, err := is.Create(ctx, images.Image{Name: ref, Target: t, Labels: labels}); errdefs.IsAlreadyExists(err) {
@@ -185,7 +193,10 @@ func (r *Runtime) WithLease(ctx context.Context, fn func(ctx context.Context) er
 	if err != nil {
 		return fmt.Errorf("create lease: %w", err)
 	}
-	defer cleanup(ctx, func(ctx context.Context) error { return ls.Delete(ctx, l) })
+	// Synchronous: what this lease alone held is collected before the
+	// caller goes on. Left to a later collection, it can vanish under the
+	// next pull, which found it present and so did not unpack it again.
+	defer cleanup(ctx, func(ctx context.Context) error { return ls.Delete(ctx, l, leases.SynchronousDelete) })
 	return fn(leases.WithLease(ctx, l.ID))
 }
 
