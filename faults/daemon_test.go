@@ -13,7 +13,6 @@ import (
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // containerd is restarted (SIGKILL and start, as a crash and a systemd
@@ -23,17 +22,7 @@ func TestFaultContainerdRestartDuringProbeSimulated(t *testing.T) {
 	ctx := context.Background()
 	// A daemon of the test's own: restarting the package's would hit
 	// every other test.
-	d, err := sandbox.StartContainerd(ctx, sandbox.ContainerdOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
-	rt, err := runtime.Connect(ctx, d.Address, runtime.WithNamespace(testenv.Namespace(t)), runtime.WithRuncRoot(d.RuncRoot),
-		runtime.WithFIFODir(filepath.Join(d.Dir, "fifo")), runtime.WithCDISpecDirs(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
+	d, rt := testenv.OwnContainerd(t, sandbox.ContainerdOptions{})
 	reg := testenv.Registry(t)
 	hang := cu129
 	hang.SimProbe = "hang"

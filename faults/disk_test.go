@@ -35,17 +35,7 @@ func TestFaultDiskFullSimulated(t *testing.T) {
 			t.Errorf("unmount %s: %v", root, err)
 		}
 	})
-	d, err := sandbox.StartContainerd(ctx, sandbox.ContainerdOptions{Root: root})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
-	rt, err := runtime.Connect(ctx, d.Address, runtime.WithNamespace(testenv.Namespace(t)), runtime.WithRuncRoot(d.RuncRoot),
-		runtime.WithFIFODir(filepath.Join(d.Dir, "fifo")), runtime.WithCDISpecDirs(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
+	_, rt := testenv.OwnContainerd(t, sandbox.ContainerdOptions{Root: root})
 	reg := testenv.Registry(t)
 	nodes := testenv.NewNode(h100("580.82.07"))
 	p := newProvisioner(t, rt, nodes, 0)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/gpupin/gpupin/internal/sandbox"
@@ -59,20 +60,55 @@ func Registry(t testing.TB) *sandbox.Registry {
 
 var nonAlnum = regexp.MustCompile(`[^a-zA-Z0-9]+`)
 
-// Namespace is a containerd namespace named after the test.
+var (
+	nsMu    sync.Mutex
+	nsOf    = map[testing.TB]string{}
+	nsTimes = map[string]int{}
+)
+
+// Namespace is a containerd namespace named after the test, the same for
+// every call in one test. A test run again (-count) gets a fresh one: the
+// daemon outlives the run, and what the first run left must not count.
 func Namespace(t testing.TB) string {
+	nsMu.Lock()
+	defer nsMu.Unlock()
+	if ns, ok := nsOf[t]; ok {
+		return ns
+	}
 	ns := strings.Trim(nonAlnum.ReplaceAllString(strings.ToLower(t.Name()), "-"), "-")
 	if len(ns) > 60 {
 		ns = ns[:60]
 	}
-	return "t-" + ns
+	ns = "t-" + ns
+	nsTimes[ns]++
+	if n := nsTimes[ns]; n > 1 {
+		ns = fmt.Sprintf("%s-%d", ns, n)
+	}
+	nsOf[t] = ns
+	return ns
 }
 
 // Runtime connects to the package's containerd in the test's namespace,
 // with a CDI spec directory of the test's own.
 func Runtime(t testing.TB, opts ...runtime.Opt) *runtime.Runtime {
 	t.Helper()
-	d := Containerd(t)
+	return connect(t, Containerd(t), opts...)
+}
+
+// OwnContainerd starts a containerd for one test (one it may restart, kill
+// or starve of disk without touching the others) and connects to it.
+func OwnContainerd(t testing.TB, opts sandbox.ContainerdOptions) (*sandbox.Containerd, *runtime.Runtime) {
+	t.Helper()
+	d, err := sandbox.StartContainerd(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	return d, connect(t, d)
+}
+
+func connect(t testing.TB, d *sandbox.Containerd, opts ...runtime.Opt) *runtime.Runtime {
+	t.Helper()
 	cdiDir := filepath.Join(t.TempDir(), "cdi")
 	os.MkdirAll(cdiDir, 0o755)
 	base := []runtime.Opt{
