@@ -4,7 +4,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN       := bin
 PKGS      := ./...
 
-.PHONY: all build build-nocgo demo test fmt bench bench-publish fuzz clean
+.PHONY: all deps build build-nocgo demo test fmt bench bench-publish fuzz clean
 
 all: build
 
@@ -17,11 +17,15 @@ build:
 build-nocgo:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/gpupin-nocgo ./cmd/gpupin
 
-demo: build
+# What a fresh Debian machine lacks (containerd, runc, busybox-static, …).
+deps:
+	./scripts/deps.sh
+
+demo: deps build
 	BIN=$(BIN) ./scripts/demo.sh
 
 # Tests start their own containerd (as root) and loopback registries.
-test: build
+test: deps build
 	$(GO) vet $(PKGS)
 	CGO_ENABLED=0 $(GO) vet ./node/ ./cmd/gpupin/
 	$(GO) test -count=1 -timeout 20m $(PKGS)
