@@ -309,7 +309,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, c images.Candidate, w
 		}
 		st.State, st.Detail = Probing, "probing "+pulled.Name
 		p.emit(*st)
-		v, out, err := p.probe(ctx, pulled.Name, c, st.Engine, facts)
+		v, out, err := p.Probe(ctx, pulled.Name, c.Meta, st.Engine, facts)
 		if err != nil {
 			attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: "probe", Reason: err.Error(), Output: out}
 			if pulled.Created {
@@ -343,10 +343,16 @@ func (p *Provisioner) try(ctx context.Context, st *Status, c images.Candidate, w
 	return pin, verdict, attempt
 }
 
-// probe runs the candidate's probe in a container of the candidate image.
-func (p *Provisioner) probe(ctx context.Context, image string, c images.Candidate, engine string, facts *node.Facts) (*probe.Verdict, string, error) {
+// Probe runs an image's probe in a container of that image (already
+// pulled, as the record named image), with the same box and checks a
+// provision uses, and pins nothing. It returns the verdict and the tail of
+// the probe's output. `gpupin probe` calls it alone.
+func (p *Provisioner) Probe(ctx context.Context, image string, meta images.Metadata, engine string, facts *node.Facts) (*probe.Verdict, string, error) {
+	if !facts.Simulated && !facts.Supported() {
+		return nil, "", fmt.Errorf("unsupported: %s", facts.Unsupported)
+	}
 	engine = probe.EngineFamily(engine)
-	kind, err := probe.Select(c.Meta.Probe, engine, p.opts.DefaultProbe)
+	kind, err := probe.Select(meta.Probe, engine, p.opts.DefaultProbe)
 	if err != nil {
 		return nil, "", err
 	}
@@ -366,7 +372,7 @@ func (p *Provisioner) probe(ctx context.Context, image string, c images.Candidat
 		gpus = *p.opts.GPUs
 	}
 	if kind == probe.Exec {
-		argvLabel := c.Meta.ProbeExec
+		argvLabel := meta.ProbeExec
 		if argvLabel == "" {
 			cfg, err := p.rt.ImageConfig(ctx, image, facts.Platform)
 			if err != nil {

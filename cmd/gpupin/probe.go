@@ -1,16 +1,14 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/images"
-	"github.com/gpupin/gpupin/probe"
-	"github.com/gpupin/gpupin/runtime"
+	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/provision"
 )
 
 const defaultProbeTimeout = 10 * time.Minute
@@ -51,72 +49,45 @@ func runProbe(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit(err.Error(), exitError)
 	}
+	if !f.Simulated && !f.Supported() {
+		return cli.Exit("unsupported: "+f.Unsupported, exitNoResult)
+	}
 	cfg, err := rt.ImageConfig(c.Context, ref, f.Platform)
 	if err != nil {
 		return cli.Exit(fmt.Sprintf("%v (pull it first: gpupin provision, or ctr -n %s images pull)", err, rt.Namespace()), exitError)
+	}
+	// What the image says of itself, as its labels carry it; --probe and
+	// --engine stand in for them.
+	meta := images.Metadata{Probe: cfg.Labels[images.AnnotationProbe], ProbeExec: cfg.Labels[images.AnnotationProbeExec]}
+	if c.IsSet("probe") {
+		meta.Probe = c.String("probe")
 	}
 	engine := c.String("engine")
 	if engine == "" {
 		engine = cfg.Labels[images.AnnotationEngine]
 	}
-	annotation := cfg.Labels[images.AnnotationProbe]
-	if c.IsSet("probe") {
-		annotation = c.String("probe")
-	}
-	kind, err := probe.Select(annotation, engine, "")
-	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
-	}
-	opts := probe.Options{Dir: c.String("probe-dir"), CUDAProbeBinary: c.String("cuda-probe"), Engine: engine}
-	if opts.Dir == "" {
-		opts.Dir = os.TempDir() + "/gpupin-probe"
-	}
-	if f.Simulated {
-		kind = probe.Sim
-		for _, g := range f.GPUs {
-			opts.Sim.Devices = append(opts.Sim.Devices, probe.Device{Index: g.Index, UUID: g.UUID, Name: g.Name, CC: g.CC})
-		}
-		opts.Sim.NodeCUDA = f.CUDA
-	} else if !f.Supported() {
-		return cli.Exit("unsupported: "+f.Unsupported, exitNoResult)
-	}
-	if kind == probe.Exec {
-		if opts.ExecArgv, err = probe.ParseExecLabel(cfg.Labels[images.AnnotationProbeExec]); err != nil {
-			return cli.Exit(err.Error(), exitError)
-		}
-	}
-	prog, err := probe.Build(kind, opts)
-	if err != nil {
-		return cli.Exit(err.Error(), exitError)
-	}
 	gpus, err := gpuSpec(c, f.Simulated)
 	if err != nil {
 		return cli.Exit(err.Error(), exitUsage)
 	}
-	var mounts []runtime.Mount
-	for _, m := range prog.Mounts {
-		mounts = append(mounts, runtime.Mount{Source: m.Source, Destination: m.Destination})
-	}
-	res, err := rt.Run(c.Context, runtime.RunSpec{Image: ref, Args: prog.Args, Env: prog.Env, Mounts: mounts, GPUs: *gpus,
-		Hardened: true, Role: "probe", MemoryLimit: 16 << 30, PidsLimit: 4096, Timeout: c.Duration("timeout")})
-	var verdict *probe.Verdict
-	if err == nil {
-		verdict, err = probe.Parse(res.Output, res.ExitCode)
-	} else if errors.Is(err, runtime.ErrTimeout) {
-		err = probe.NewFailure(fmt.Sprintf("%s probe did not finish in %s and was killed", kind, c.Duration("timeout")), res.Output)
-	}
-	if verdict != nil {
-		verdict.Simulated = f.Simulated
-	}
+	// The provisioner's own probe step, so a probe run by hand is judged
+	// exactly as a provision would judge it.
+	p := provision.New(rt, nil, node.Static{Facts: f}, provision.Options{
+		ProbeTimeout: c.Duration("timeout"), ProbeDir: c.String("probe-dir"),
+		CUDAProbeBinary: c.String("cuda-probe"), GPUs: gpus,
+	})
+	start := time.Now()
+	verdict, _, err := p.Probe(c.Context, ref, meta, engine, f)
+	took := time.Since(start)
 	if jsonOut(c) {
-		out := map[string]any{"ref": ref, "probe": kind, "simulated": f.Simulated, "verdict": verdict, "exit_code": res.ExitCode, "duration_ms": res.Duration.Milliseconds()}
+		out := map[string]any{"ref": ref, "simulated": f.Simulated, "verdict": verdict, "duration_ms": took.Milliseconds()}
 		if err != nil {
 			out["error"] = err.Error()
 		}
 		writeJSON(c.App.Writer, out)
 	} else {
 		fmt.Fprint(c.App.Writer, simulatedNote(f))
-		fmt.Fprintf(c.App.Writer, "%s probe of %s: exit %d in %s\n", kind, ref, res.ExitCode, res.Duration.Round(time.Millisecond))
+		fmt.Fprintf(c.App.Writer, "probe of %s in %s\n", ref, took.Round(time.Millisecond))
 		if verdict != nil {
 			for _, d := range verdict.Devices {
 				fmt.Fprintf(c.App.Writer, "  gpu %d: %s (cc %s) %.1f TFLOP/s, max abs err %.3g\n", d.Index, d.Name, d.CC, d.TFLOPS, d.MaxAbsErr)
