@@ -328,4 +328,3 @@ func brandOf(g node.GPU) string {
 	return g.Brand
 }
 
-func parseVersion(s string) (node.Version, error) { return node.ParseVersion(s) }

@@ -14,6 +14,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/gpupin/gpupin/node"
 )
 
 // Limits on what a registry may send: metadata is small, and a registry that
@@ -288,7 +290,7 @@ func DeriveMetadata(env []string, labels map[string]string) (Metadata, *Requirem
 
 // ParseCUDAVersion reduces "12.9.1" to "12.9".
 func ParseCUDAVersion(s string) (string, error) {
-	v, err := parseVersion(s)
+	v, err := node.ParseVersion(s)
 	if err != nil {
 		return "", err
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -130,7 +131,7 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 		runcOpts.BinaryName = "nvidia-container-runtime"
 		devs := "all"
 		if len(spec.GPUs.Devices) > 0 {
-			devs = joinComma(spec.GPUs.Devices)
+			devs = strings.Join(spec.GPUs.Devices, ",")
 		}
 		specOpts = append(specOpts, oci.WithEnv([]string{"NVIDIA_VISIBLE_DEVICES=" + devs}))
 	case GPUNone, "":
@@ -331,15 +332,4 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-func joinComma(s []string) string {
-	out := ""
-	for i, v := range s {
-		if i > 0 {
-			out += ","
-		}
-		out += v
-	}
-	return out
 }

@@ -57,9 +57,6 @@ func printJSON(v any) error {
 	return enc.Encode(v)
 }
 
-// readNode reads the node's facts: the file of --node (simulated) or NVML.
-func readNode(c *cli.Context) (*node.Facts, error) { return choiceNode(c) }
-
 func nodeReader(c *cli.Context) (node.Reader, error) {
 	if p := lineageString(c, "node"); p != "" {
 		f, err := node.LoadFile(p)

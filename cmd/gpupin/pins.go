@@ -51,7 +51,7 @@ func pinsCommand() *cli.Command {
 			}
 			// The node is read only to say whether each pin still holds.
 			fp := ""
-			if f, err := readNode(c); err == nil && f.Supported() {
+			if f, err := choiceNode(c); err == nil && f.Supported() {
 				fp = f.Fingerprint()
 			}
 			views := make([]pinView, len(pins))

@@ -45,7 +45,7 @@ func runProbe(c *cli.Context) error {
 		return cli.Exit(err.Error(), exitError)
 	}
 	defer rt.Close()
-	f, err := readNode(c)
+	f, err := choiceNode(c)
 	if err != nil {
 		return cli.Exit(err.Error(), exitError)
 	}

@@ -65,7 +65,7 @@ func runRun(c *cli.Context) error {
 		return cli.Exit(fmt.Sprintf("%s has no pin (pinned: %s); run gpupin provision first", target, strings.Join(orNone(keys), ", ")), exitError)
 	}
 	simulated := lineageString(c, "node") != ""
-	if f, err := readNode(c); err == nil && f.Supported() && f.Fingerprint() != pin.Node {
+	if f, err := choiceNode(c); err == nil && f.Supported() && f.Fingerprint() != pin.Node {
 		fmt.Fprintf(os.Stderr, "warning: %s was proved under another driver or GPU set; gpupin provision re-proves it\n", pin.Key)
 	}
 	gpus, err := gpuSpec(c, simulated)
