@@ -68,13 +68,12 @@ probe() { # probe KIND IMAGE
 	fi
 	say "$kind probe in $image"
 	if "$OUT/gpupin" --address "$ADDRESS" --namespace "$NAMESPACE" \
-		probe --probe "$kind" --gpus "$GPUS" "$image" 2>&1 | tee "$log"; then
+		probe --json --probe "$kind" --gpus "$GPUS" "$image" 2>&1 | tee "$log"; then
 		echo "-> $kind probe: PASS"
 	else
 		echo "-> $kind probe: FAIL (log: $log)"
 		status=1
 	fi
-	grep -h '^GPUPIN-PROBE ' "$log" || true
 }
 
 probe torch "$TORCH_IMAGE"
