@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/provision"
@@ -30,6 +31,26 @@ type Options struct {
 	// restart. Empty: overrides set through the API live in memory.
 	OverridesPath string
 	Logger        *slog.Logger
+	// Sweeper removes what interrupted gpupin processes left; nil: the
+	// PinLister, when it is one (a *runtime.Runtime is).
+	Sweeper Sweeper
+	// SweepEvery is how often Watch sweeps leftovers whose owner is gone:
+	// a probe orphaned after the loop's sweep at start (an agent killed
+	// while a new one started, a `gpupin provision` killed beside the
+	// agent) is stopped within it. Default DefaultSweepEvery; negative: no
+	// periodic sweep.
+	SweepEvery time.Duration
+}
+
+// DefaultSweepEvery is the default Options.SweepEvery. A sweep is three
+// label-filtered listings when there is nothing to remove; an orphaned
+// probe holds GPUs until it is found.
+const DefaultSweepEvery = 30 * time.Second
+
+// Sweeper removes leftovers whose owning process is gone, keeping what a
+// failed pull set aside for its retry (runtime.Runtime.SweepOrphans).
+type Sweeper interface {
+	SweepOrphans(ctx context.Context) (runtime.Swept, error)
 }
 
 // ErrUnknownEngine is returned for an override of an engine no want names.
@@ -52,16 +73,22 @@ type Agent struct {
 	cfgData  []byte
 	apiWants []provision.Want // nil: the file's wants hold
 	fileOv   map[string]string
-	ovData   []byte
 
 	watching chan struct{} // closed once Watch sees the files' directories
 	reloads  atomic.Int64  // reloads Watch has done
+	sweeps   atomic.Int64  // periodic sweeps Watch has done
 }
 
 // New makes an Agent over a loop; call Reload to read the files.
 func New(loop *provision.Loop, pins PinLister, opts Options) *Agent {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.Sweeper == nil {
+		opts.Sweeper, _ = pins.(Sweeper)
+	}
+	if opts.SweepEvery == 0 {
+		opts.SweepEvery = DefaultSweepEvery
 	}
 	return &Agent{loop: loop, pins: pins, opts: opts, cfg: &Config{}, fileOv: map[string]string{}, watching: make(chan struct{})}
 }

@@ -65,8 +65,9 @@ func newWorld(t *testing.T, config string) *world {
 	}
 	var loop *provision.Loop
 	w.metrics = agent.NewMetrics(func() []provision.Status { return loop.Status() }, nil)
-	p := provision.New(w.rt, &images.Resolver{}, node.Static{Facts: h100("575.57.08", "12.9")},
-		provision.Options{ProbeTimeout: 30 * time.Second, ProbeDir: t.TempDir(), Progress: w.metrics.PullProgress})
+	p := provision.New(w.rt, provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}),
+		provision.WithOverrides(provision.NewOverrides()), provision.WithLockDir(t.TempDir()),
+		provision.WithProbeTimeout(30*time.Second), provision.WithProbeDir(t.TempDir()), provision.WithProgress(w.metrics.PullProgress))
 	loop = provision.NewLoop(p, provision.LoopOptions{OnResult: w.metrics.ObserveResult})
 	w.agent = agent.New(loop, w.rt, agent.Options{ConfigPath: w.config, OverridesPath: w.overrides})
 	if err := w.agent.Reload(); err != nil {

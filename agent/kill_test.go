@@ -19,7 +19,6 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/gpupin/gpupin/agent"
-	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
@@ -137,7 +136,8 @@ func TestAgentSimulatedKilledMidPullRecovers(t *testing.T) {
 	if _, err := sandbox.PublishEngine(ctx, reg.Host, "demo", "1.0", []sandbox.EngineVariant{cu129}); err != nil {
 		t.Fatal(err)
 	}
-	p := provision.New(rt, &images.Resolver{}, node.Static{Facts: h100("575.57.08", "12.9")}, provision.Options{ProbeDir: t.TempDir()})
+	p := provision.New(rt, provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}), provision.WithOverrides(provision.NoOverrides()),
+		provision.WithLockDir(t.TempDir()), provision.WithProbeDir(t.TempDir()))
 	if st := p.Provision(ctx, provision.Want{Ref: ref}); st.State != provision.Ready {
 		t.Fatalf("first provision: %s", st)
 	}

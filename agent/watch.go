@@ -8,16 +8,21 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/gpupin/gpupin/images"
 )
 
 // debounce gathers the burst of events one save makes into one reload.
 const debounce = 100 * time.Millisecond
 
-// Watch reloads the files when they change, until ctx ends. It watches
-// their directories, not the files: an editor that writes a new file and
-// renames it over the old, and Kubernetes swapping a ConfigMap's ..data
-// link, both replace the inode a file watch would hold. Every event in a
-// directory triggers a reload; Reload applies only what changed.
+// Watch reloads the files when they change, and sweeps leftovers every
+// Options.SweepEvery, until ctx ends. It watches the files' directories,
+// not the files: an editor that writes a new file and renames it over the
+// old, and Kubernetes swapping a ConfigMap's ..data link, both replace the
+// inode a file watch would hold. A symlinked overrides file is written
+// through its link (images.UpdateOverrides), so the target's directory is
+// watched too. Every event in a directory triggers a reload; Reload
+// applies only what changed.
 func (a *Agent) Watch(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -25,7 +30,13 @@ func (a *Agent) Watch(ctx context.Context) error {
 	}
 	defer w.Close()
 	dirs := map[string]bool{}
-	for _, p := range []string{a.opts.ConfigPath, a.opts.OverridesPath} {
+	paths := []string{a.opts.ConfigPath, a.opts.OverridesPath}
+	if a.opts.OverridesPath != "" {
+		if t, err := images.OverridesTarget(a.opts.OverridesPath); err == nil && t != a.opts.OverridesPath {
+			paths = append(paths, t)
+		}
+	}
+	for _, p := range paths {
 		if p == "" {
 			continue
 		}
@@ -42,6 +53,13 @@ func (a *Agent) Watch(ctx context.Context) error {
 		dirs[d] = true
 	}
 	close(a.watching)
+	if a.opts.Sweeper != nil && a.opts.SweepEvery > 0 {
+		// Its own goroutine: a sweep that kills a probe waits for it, and
+		// reloads must not wait on that.
+		swept := make(chan struct{})
+		defer func() { <-swept }()
+		go func() { defer close(swept); a.sweepEvery(ctx) }()
+	}
 	var fire <-chan time.Time
 	for {
 		select {
@@ -68,8 +86,36 @@ func (a *Agent) Watch(ctx context.Context) error {
 	}
 }
 
+// sweepEvery sweeps leftovers of dead owners on a ticker until ctx ends.
+// The loop sweeps at its start; this catches what is orphaned later: a
+// process that died after it (an old agent outliving the start of a new
+// one, a `gpupin provision` killed beside the agent). A sweep never
+// touches what a live process owns, pins, or replicas.
+func (a *Agent) sweepEvery(ctx context.Context) {
+	t := time.NewTicker(a.opts.SweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s, err := a.opts.Sweeper.SweepOrphans(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			a.opts.Logger.Warn("periodic sweep of leftovers failed", "err", err)
+		case s.Containers+s.Leases+s.Candidates > 0:
+			a.opts.Logger.Info("swept leftovers of interrupted runs", "containers", s.Containers, "leases", s.Leases, "candidates", s.Candidates, "periodic", true)
+		}
+		a.sweeps.Add(1)
+	}
+}
+
 // Watching is closed once Watch is watching: a change made after it is seen.
 func (a *Agent) Watching() <-chan struct{} { return a.watching }
 
 // Reloads counts the reloads Watch has done, good or refused.
 func (a *Agent) Reloads() int64 { return a.reloads.Load() }
+
+// Sweeps counts the periodic sweeps Watch has done, whatever they found.
+func (a *Agent) Sweeps() int64 { return a.sweeps.Load() }

@@ -83,7 +83,7 @@ func Build(ctx context.Context, opts BuildOptions) (*BuildResult, error) {
 	if opts.Push && s.Repository == "" {
 		return nil, fmt.Errorf("repository: required with --push")
 	}
-	epoch := time.Unix(0, 0).UTC()
+	var epoch time.Time
 	if opts.Epoch != nil {
 		epoch = opts.Epoch.UTC()
 	} else {
@@ -200,7 +200,7 @@ func buildImage(s *Spec, vs VariantSpec, platform string, epoch time.Time, insec
 	if vs.Base == "scratch" {
 		base = mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
 	} else {
-		ref, err := images.ParseReference(vs.Base, insecure)
+		ref, err := parseRef(vs.Base, insecure)
 		if err != nil {
 			return nil, fmt.Errorf("base: %w", err)
 		}

@@ -4,6 +4,7 @@
 package build
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/registry"
 )
 
 // Standard annotations publish writes beside gpupin's.
@@ -187,7 +189,7 @@ func remoteOptions(ctx context.Context, opts PublishOptions) []remote.Option {
 }
 
 func makePlan(ctx context.Context, opts PublishOptions) (*plan, error) {
-	ref, err := images.ParseReference(opts.Tag, opts.Insecure)
+	ref, err := parseRef(opts.Tag, opts.Insecure)
 	if err != nil {
 		return nil, fmt.Errorf("--tag: %w", err)
 	}
@@ -297,9 +299,15 @@ func makePlan(ctx context.Context, opts PublishOptions) (*plan, error) {
 		at := tag.Context().Tag(alias_(p.version, vi.name))
 		// An alias is an index too, even for one platform: only an index
 		// entry can carry annotations without changing the child's digest.
-		p.aliases = append(p.aliases, alias{tag: at, variant: vi.name, index: newIndex(vadds, aliasAnn)})
+		aidx, err := newIndex(vadds, aliasAnn)
+		if err != nil {
+			return nil, fmt.Errorf("alias %s: %w", at, err)
+		}
+		p.aliases = append(p.aliases, alias{tag: at, variant: vi.name, index: aidx})
 	}
-	p.index = newIndex(adds, idxAnn)
+	if p.index, err = newIndex(adds, idxAnn); err != nil {
+		return nil, fmt.Errorf("index: %w", err)
+	}
 	return p, nil
 }
 
@@ -313,9 +321,9 @@ func alias_(version, variant string) string {
 	return s
 }
 
-func newIndex(adds []mutate.IndexAddendum, ann map[string]string) v1.ImageIndex {
+func newIndex(adds []mutate.IndexAddendum, ann map[string]string) (v1.ImageIndex, error) {
 	idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index, adds...), types.OCIImageIndex)
-	return mutate.Annotations(idx, ann).(v1.ImageIndex)
+	return newPlainIndex(mutate.Annotations(idx, ann).(v1.ImageIndex))
 }
 
 func descriptor(img v1.Image) (v1.Descriptor, error) {
@@ -359,7 +367,8 @@ func pickEngine(opt string, tag name.Tag, all []*variantImages) (string, error) 
 	case label != "":
 		return label, nil
 	}
-	return images.EngineFromRepo(tag), nil
+	repo := tag.Context().RepositoryStr()
+	return repo[strings.LastIndex(repo, "/")+1:], nil
 }
 
 // checkPlatforms refuses (or, when allowed, warns about) a variant that
@@ -488,7 +497,8 @@ func verify(ctx context.Context, opts PublishOptions, p *plan) error {
 			return fmt.Errorf("alias %s is %s, want %s", a.tag, ad.Digest, wd)
 		}
 	}
-	r := images.Resolver{Insecure: opts.Insecure, Keychain: opts.Keychain, Transport: opts.Transport}
+	// Read back as a node reads it: through containerd's resolver.
+	r := images.Resolver{Remote: registry.New(registry.Config{Insecure: opts.Insecure})}
 	set, err := r.Resolve(ctx, p.tag.String())
 	if err != nil {
 		return err
@@ -502,4 +512,45 @@ func verify(ctx context.Context, opts PublishOptions, p *plan) error {
 		}
 	}
 	return nil
+}
+
+// plainIndex is an index whose image entries carry no artifactType.
+// go-containerregistry fills one in from the config's media type; an image
+// manifest's entry does not need it, and mirroring tools drop it (skopeo 1.9
+// copy --all), which changes the index digest and so breaks anything
+// recorded or signed by digest. The children are the inner index's, so a
+// push still mounts their blobs.
+type plainIndex struct {
+	inner v1.ImageIndex
+	raw   []byte
+	im    *v1.IndexManifest
+}
+
+func newPlainIndex(idx v1.ImageIndex) (v1.ImageIndex, error) {
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return nil, err
+	}
+	im = im.DeepCopy()
+	for i := range im.Manifests {
+		if im.Manifests[i].MediaType.IsImage() {
+			im.Manifests[i].ArtifactType = ""
+		}
+	}
+	raw, err := json.Marshal(im)
+	if err != nil {
+		return nil, err
+	}
+	return &plainIndex{inner: idx, raw: raw, im: im}, nil
+}
+
+func (p *plainIndex) RawManifest() ([]byte, error)                { return p.raw, nil }
+func (p *plainIndex) IndexManifest() (*v1.IndexManifest, error)   { return p.im.DeepCopy(), nil }
+func (p *plainIndex) Size() (int64, error)                        { return int64(len(p.raw)), nil }
+func (p *plainIndex) MediaType() (types.MediaType, error)         { return p.inner.MediaType() }
+func (p *plainIndex) Image(h v1.Hash) (v1.Image, error)           { return p.inner.Image(h) }
+func (p *plainIndex) ImageIndex(h v1.Hash) (v1.ImageIndex, error) { return p.inner.ImageIndex(h) }
+func (p *plainIndex) Digest() (v1.Hash, error) {
+	h, _, err := v1.SHA256(bytes.NewReader(p.raw))
+	return h, err
 }

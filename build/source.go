@@ -47,7 +47,7 @@ func readVariant(ctx context.Context, v Variant, insecure []string, ropts []remo
 			list = append(list, found{img: img, source: fmt.Sprintf("build:%s[%d]", v.Name, i)})
 		}
 	} else {
-		ref, err := images.ParseReference(v.Ref, insecure)
+		ref, err := parseRef(v.Ref, insecure)
 		if err != nil {
 			return nil, fmt.Errorf("variant %s: %w", v.Name, err)
 		}
@@ -182,7 +182,7 @@ func checkImage(v Variant, c claim, img v1.Image, plat *v1.Platform) (*sourceIma
 	}
 	cp := &v1.Platform{OS: cf.OS, Architecture: cf.Architecture, Variant: cf.Variant, OSVersion: cf.OSVersion}
 	if cp.OS == "" || cp.Architecture == "" {
-		return nil, nil, fmt.Errorf("config names no os/architecture")
+		return nil, nil, fmt.Errorf("the image config names no os/architecture (as `crane append` leaves it), so no node could tell whether it runs there: set it (crane mutate --set-platform linux/amd64 IMAGE) and publish again")
 	}
 	if plat != nil {
 		if plat.OS != cp.OS || plat.Architecture != cp.Architecture || (plat.Variant != "" && cp.Variant != "" && plat.Variant != cp.Variant) {
@@ -255,6 +255,11 @@ func checkImage(v Variant, c claim, img v1.Image, plat *v1.Platform) (*sourceIma
 	}
 	md.DriverMin, err = driverMin(env["NVIDIA_REQUIRE_CUDA"])
 	if err != nil {
+		return nil, nil, err
+	}
+	// The whole requirement set travels with the entry: nodes judge the
+	// published variant exactly as they would judge this image unannotated.
+	if md.Require, err = images.RequireAnnotation(cf.Config.Env); err != nil {
 		return nil, nil, err
 	}
 	if err := md.Validate(); err != nil {

@@ -19,7 +19,6 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/opencontainers/go-digest"
 
-	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
@@ -41,7 +40,8 @@ func newProvisioner(t *testing.T, rt *runtime.Runtime, nodes node.Reader, timeou
 	if timeout == 0 {
 		timeout = 30 * time.Second
 	}
-	return provision.New(rt, &images.Resolver{}, nodes, provision.Options{ProbeTimeout: timeout, ProbeDir: t.TempDir()})
+	return provision.New(rt, provision.WithNode(nodes), provision.WithOverrides(provision.NoOverrides()),
+		provision.WithLockDir(t.TempDir()), provision.WithProbeTimeout(timeout), provision.WithProbeDir(t.TempDir()))
 }
 
 func nsCtx(rt *runtime.Runtime) context.Context {

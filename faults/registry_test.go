@@ -86,7 +86,7 @@ func TestFaultRegistryDiesMidPullSimulated(t *testing.T) {
 		t.Fatalf("state %s, want failed: %s", st.State, st.Detail)
 	}
 	if len(st.Attempts) != 1 || st.Attempts[0].Stage != "pull" || !strings.Contains(st.Detail, "failed at pull") ||
-		!strings.Contains(st.Detail, "the earlier pin "+before[0].Ref+" is unchanged") {
+		!strings.Contains(st.Detail, "the earlier pin "+before[0].Ref+" (cu129) is unchanged") {
 		t.Fatalf("the reason does not say what failed and what was kept: %s (%+v)", st.Detail, st.Attempts)
 	}
 	samePins(t, rt, before)

@@ -21,13 +21,23 @@ const (
 	AnnotationDriverMin     = "io.gpupin.cuda.driver.min"
 	AnnotationArchs         = "io.gpupin.cuda.archs"
 	AnnotationProbe         = "io.gpupin.probe"
+	// AnnotationRequire carries the image's NVIDIA_REQUIRE_* set (with
+	// CUDA_VERSION and NVIDIA_DISABLE_REQUIRE, which change its meaning)
+	// as a JSON object of the config's variables, so a published entry is
+	// judged exactly as the image itself would be: brand/driver branches
+	// and arch requirements included.
+	AnnotationRequire = "io.gpupin.cuda.require"
 	// AnnotationProbeExec is also read as an image label: the exec probe's argv, JSON.
 	AnnotationProbeExec = "io.gpupin.probe.exec"
 )
 
 // maxAnnotation bounds one value: metadata is a few dozen bytes, and a
-// registry that sends megabytes is not to be believed.
-const maxAnnotation = 4096
+// registry that sends megabytes is not to be believed. The requirement set
+// of an nvidia/cuda base is about 2 KiB of brand branches, so it gets more.
+const (
+	maxAnnotation        = 4096
+	maxRequireAnnotation = 16 << 10
+)
 
 // Metadata is what a variant claims about itself.
 type Metadata struct {
@@ -39,6 +49,9 @@ type Metadata struct {
 	Archs         string `json:"archs,omitempty"`
 	Probe         string `json:"probe,omitempty"`
 	ProbeExec     string `json:"probe_exec,omitempty"`
+	// Require is the io.gpupin.cuda.require JSON, as RequireAnnotation
+	// writes it; "" when the publisher carried none.
+	Require string `json:"require,omitempty"`
 }
 
 var variantRE = regexp.MustCompile(`^[a-z][a-z0-9]*(?:[._-][a-z0-9]+)*$`)
@@ -61,8 +74,12 @@ func ParseAnnotations(ann map[string]string) (Metadata, error) {
 		if !strings.HasPrefix(k, "io.gpupin.") {
 			continue
 		}
-		if len(v) > maxAnnotation {
-			return Metadata{}, fmt.Errorf("annotation %s: %d bytes, more than %d", k, len(v), maxAnnotation)
+		limit := maxAnnotation
+		if k == AnnotationRequire {
+			limit = maxRequireAnnotation
+		}
+		if len(v) > limit {
+			return Metadata{}, fmt.Errorf("annotation %s: %d bytes, more than %d", k, len(v), limit)
 		}
 		if i := strings.IndexFunc(v, unicode.IsControl); i >= 0 {
 			return Metadata{}, fmt.Errorf("annotation %s: control character %q at byte %d", k, v[i], i)
@@ -77,6 +94,7 @@ func ParseAnnotations(ann map[string]string) (Metadata, error) {
 		Archs:         strings.TrimSpace(ann[AnnotationArchs]),
 		Probe:         strings.TrimSpace(ann[AnnotationProbe]),
 		ProbeExec:     strings.TrimSpace(ann[AnnotationProbeExec]),
+		Require:       strings.TrimSpace(ann[AnnotationRequire]),
 	}
 	if err := m.Validate(); err != nil {
 		return Metadata{}, err
@@ -116,12 +134,38 @@ func (m Metadata) Validate() error {
 	if m.Engine != "" && !validEngine(m.Engine) {
 		return fmt.Errorf("annotation %s=%q: not an engine name", AnnotationEngine, m.Engine)
 	}
+	if m.EngineVersion != "" && !ValidEngineVersion(m.EngineVersion) {
+		return fmt.Errorf("annotation %s=%q: not an engine version (letters, digits, '.', '_', '+' or '-', at most 128, as a tag is)", AnnotationEngineVersion, m.EngineVersion)
+	}
+	if m.Require != "" {
+		if _, _, err := ParseRequireAnnotation(m.Require); err != nil {
+			return fmt.Errorf("variant %s: annotation %s: %w", m.Variant, AnnotationRequire, err)
+		}
+	}
 	return nil
 }
 
-var engineRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+// Requirements evaluates the carried requirement set: nil when none was
+// carried; disabled when the image turned the check off.
+func (m Metadata) Requirements() (req *Requirements, disabled bool, err error) {
+	if m.Require == "" {
+		return nil, false, nil
+	}
+	return ParseRequireAnnotation(m.Require)
+}
+
+var (
+	engineRE  = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	versionRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$`)
+)
 
 func validEngine(s string) bool { return engineRE.MatchString(s) }
+
+// ValidEngineVersion reports whether s can be an engine version: what a
+// tag may hold (letters, digits, '_', '.', '-'), and '+' for build
+// metadata, at most 128 bytes. It is checked before anything is pulled,
+// since it names the pin.
+func ValidEngineVersion(s string) bool { return versionRE.MatchString(s) }
 
 // Annotations renders metadata as annotations (for publishing).
 func (m Metadata) Annotations() map[string]string {
@@ -139,5 +183,6 @@ func (m Metadata) Annotations() map[string]string {
 	set(AnnotationArchs, m.Archs)
 	set(AnnotationProbe, m.Probe)
 	set(AnnotationProbeExec, m.ProbeExec)
+	set(AnnotationRequire, m.Require)
 	return out
 }

@@ -35,6 +35,8 @@ type Candidate struct {
 	Ref      string `json:"ref"`
 	Platform string `json:"platform"`
 	Derived  bool   `json:"derived"`
+	// MediaType is the index entry's: what the pull must find there.
+	MediaType string `json:"media_type,omitempty"`
 	// Warning is set on a forced variant that auto would have rejected.
 	Warning string   `json:"warning,omitempty"`
 	Meta    Metadata `json:"-"`
@@ -83,7 +85,7 @@ func Choose(f *node.Facts, set *Set, ov Override) *Plan {
 		if !seen[v.Variant] {
 			seen[v.Variant] = true
 			p.Rejected = append(p.Rejected, Rejection{Variant: v.Variant, Platform: v.Platform,
-				Reason: fmt.Sprintf("%s is published for %s only, not for this node's %s: publish it for %s or use another image", v.Variant, platformsOf(set, v.Variant), f.Platform, f.Platform)})
+				Reason: fmt.Sprintf("published for %s only, not for this node's %s: publish it for %s or use another image", platformsOf(set, v.Variant), f.Platform, f.Platform)})
 		}
 	}
 
@@ -133,10 +135,19 @@ func Choose(f *node.Facts, set *Set, ov Override) *Plan {
 }
 
 func candidate(v Variant) Candidate {
-	return Candidate{Variant: v.Variant, CUDA: v.CUDA, Ref: v.Ref, Platform: v.Platform, Derived: v.Derived, Meta: v.Metadata}
+	return Candidate{Variant: v.Variant, CUDA: v.CUDA, Ref: v.Ref, Platform: v.Platform, Derived: v.Derived, MediaType: v.MediaType, Meta: v.Metadata}
 }
 
-// Reject returns why a variant cannot run on the node, or "".
+// Reject returns why a variant cannot run on the node, or "". The reason
+// does not name the variant: a rejection is printed after it.
+//
+// An entry with a requirement set (derived from the image's config, or
+// carried by io.gpupin.cuda.require) is judged by that set alone, as
+// libnvidia-container would judge the image: the forward-compatibility
+// branches may admit a driver older than the CUDA version, so neither the
+// CUDA version nor io.gpupin.cuda.driver.min (the main branch's driver
+// term) is applied on top. Published and upstream images of the same
+// config so get the same answer on every node.
 func Reject(f *node.Facts, v Variant) string {
 	nodeCUDA, err := node.ParseVersion(f.CUDA)
 	if err != nil {
@@ -144,7 +155,7 @@ func Reject(f *node.Facts, v Variant) string {
 	}
 	need, err := node.ParseVersion(v.CUDA)
 	if err != nil {
-		return fmt.Sprintf("%s: CUDA version %q unreadable", v.Variant, v.CUDA)
+		return fmt.Sprintf("CUDA version %q unreadable", v.CUDA)
 	}
 	// The driver reports CUDA as major.minor; a build of 12.9.1 runs where
 	// 12.9 does (patch releases share the driver requirement).
@@ -153,28 +164,28 @@ func Reject(f *node.Facts, v Variant) string {
 	}
 	switch {
 	case v.Require != nil:
-		// Derived: the image's own constraints decide, forward-compatibility
-		// branches included.
 		if ok, why := v.Require.Check(f); !ok {
-			return fmt.Sprintf("%s: %s", v.Variant, why)
+			return why
 		}
 	case v.RequireDisabled:
 		// The image turned the check off (NVIDIA_DISABLE_REQUIRE); the probe
 		// still decides whether it runs.
-	case nodeCUDA.Compare(need) < 0:
-		return fmt.Sprintf("driver %s supports CUDA %s; %s needs %s: upgrade the driver or use a variant built for CUDA ≤ %s", f.Driver, f.CUDA, v.Variant, v.CUDA, f.CUDA)
-	}
-	if v.DriverMin != "" {
-		have, _ := node.ParseVersion(f.Driver)
-		min, _ := node.ParseVersion(v.DriverMin)
-		if have.Compare(min) < 0 {
-			return fmt.Sprintf("driver %s is older than %s, the lowest %s supports: upgrade the driver", f.Driver, v.DriverMin, v.Variant)
+	default:
+		if nodeCUDA.Compare(need) < 0 {
+			return fmt.Sprintf("driver %s supports CUDA %s; %s needs %s: upgrade the driver or use a variant built for CUDA ≤ %s", f.Driver, f.CUDA, v.Variant, v.CUDA, f.CUDA)
+		}
+		if v.DriverMin != "" {
+			have, _ := node.ParseVersion(f.Driver)
+			min, _ := node.ParseVersion(v.DriverMin)
+			if have.Compare(min) < 0 {
+				return fmt.Sprintf("driver %s is older than %s, the lowest %s supports: upgrade the driver", f.Driver, v.DriverMin, v.Variant)
+			}
 		}
 	}
 	if v.Archs != "" {
 		archs, err := ParseArchs(v.Archs)
 		if err != nil {
-			return fmt.Sprintf("%s: arch list unreadable: %v", v.Variant, err)
+			return fmt.Sprintf("arch list unreadable: %v", err)
 		}
 		for _, g := range f.GPUs {
 			cc, err := node.ParseCC(g.CC)
@@ -182,7 +193,7 @@ func Reject(f *node.Facts, v Variant) string {
 				return fmt.Sprintf("GPU %d: compute capability %q unreadable", g.Index, g.CC)
 			}
 			if !archs.Covers(cc) {
-				return fmt.Sprintf("%s has no kernels for GPU %d (%s, compute capability %s): its archs are %s; use a variant built for %s", v.Variant, g.Index, g.Name, g.CC, archs, g.CC)
+				return fmt.Sprintf("no kernels for GPU %d (%s, compute capability %s): its archs are %s; use a variant built for %s", g.Index, g.Name, g.CC, archs, g.CC)
 			}
 		}
 	}

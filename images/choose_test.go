@@ -172,11 +172,11 @@ func TestChooseSimulatedNodes(t *testing.T) {
 			outcome:  images.OutcomeReady},
 		{name: "V100 driver 580", node: facts("580.82.07", "13.0", v100),
 			want:     []string{"cu129"},
-			rejected: map[string]string{"cu13": "cu13 has no kernels for GPU 0 (Tesla V100-SXM2-32GB, compute capability 7.0): its archs are 7.5,"},
+			rejected: map[string]string{"cu13": "no kernels for GPU 0 (Tesla V100-SXM2-32GB, compute capability 7.0): its archs are 7.5,"},
 			outcome:  images.OutcomeReady},
 		{name: "Blackwell 12.0 driver 580", node: facts("580.82.07", "13.0", rtxPro),
 			want:     []string{"cu13"},
-			rejected: map[string]string{"cu129": "cu129 has no kernels for GPU 0 (NVIDIA RTX PRO 6000 Blackwell Workstation Edition, compute capability 12.0)"},
+			rejected: map[string]string{"cu129": "no kernels for GPU 0 (NVIDIA RTX PRO 6000 Blackwell Workstation Edition, compute capability 12.0)"},
 			outcome:  images.OutcomeReady},
 		{name: "Blackwell 12.0 driver 575: nothing fits", node: facts("575.57.08", "12.9", rtxPro),
 			rejected: map[string]string{"cu13": "supports CUDA 12.9; cu13 needs 13.0", "cu129": "no kernels for GPU 0"},
@@ -191,7 +191,7 @@ func TestChooseSimulatedNodes(t *testing.T) {
 			outcome: images.OutcomeUnsupported, detail: "unsupported: no NVIDIA driver ("},
 		{name: "arm64 node takes only arm64 entries", ref: f.multi, node: arm,
 			want:     []string{"cu13"},
-			rejected: map[string]string{"cu129": "cu129 is published for linux/amd64 only, not for this node's linux/arm64"},
+			rejected: map[string]string{"cu129": "published for linux/amd64 only, not for this node's linux/arm64"},
 			outcome:  images.OutcomeReady},
 
 		// Each override form.
@@ -209,7 +209,7 @@ func TestChooseSimulatedNodes(t *testing.T) {
 		{name: "override image", node: facts("580.82.07", "13.0", h100), override: f.custom,
 			want: []string{"cu128"}, outcome: images.OutcomeReady, derived: true},
 		{name: "override image the node cannot run", node: facts("550.54.15", "12.4", h100), override: f.custom,
-			rejected: map[string]string{"cu128": "cu128: driver 550.54.15 supports CUDA 12.4; NVIDIA_REQUIRE_CUDA needs cuda>=12.8"},
+			rejected: map[string]string{"cu128": "driver 550.54.15 supports CUDA 12.4; NVIDIA_REQUIRE_CUDA needs cuda>=12.8"},
 			outcome:  images.OutcomeNoCandidate, derived: true},
 
 		// Derived from NVIDIA_REQUIRE_CUDA: no annotations anywhere.
@@ -217,7 +217,7 @@ func TestChooseSimulatedNodes(t *testing.T) {
 			want: []string{"cu13", "cu129"}, outcome: images.OutcomeReady, derived: true},
 		{name: "derived: H100 driver 575 CUDA 12.9", ref: f.derived, node: facts("575.57.08", "12.9", h100),
 			want:     []string{"cu129"},
-			rejected: map[string]string{"cu13": "cu13: driver 575.57.08 supports CUDA 12.9; NVIDIA_REQUIRE_CUDA needs cuda>=13.0, and none of its 2 brand/driver branches matches GPU 0 (brand nvidia, driver 575.57.08)"},
+			rejected: map[string]string{"cu13": "driver 575.57.08 supports CUDA 12.9; NVIDIA_REQUIRE_CUDA needs cuda>=13.0, and none of its 2 brand/driver branches matches GPU 0 (brand nvidia, driver 575.57.08)"},
 			outcome:  images.OutcomeReady, derived: true},
 		{name: "derived: tesla on driver 535 runs cu129 by forward compatibility", ref: f.derived, node: facts("535.104.05", "12.2", h100tesla),
 			want:     []string{"cu129"},
@@ -259,6 +259,10 @@ func TestChooseSimulatedNodes(t *testing.T) {
 				reasons[r.Variant] = r.Reason
 				if r.Reason == "" {
 					t.Errorf("rejection of %s has no reason", r.Variant)
+				}
+				// Printed as "VARIANT: REASON": the reason does not say it again.
+				if strings.HasPrefix(r.Reason, r.Variant+":") || strings.HasPrefix(r.Reason, r.Variant+" ") {
+					t.Errorf("rejection of %s repeats the variant: %q", r.Variant, r.Reason)
 				}
 			}
 			if len(reasons) != len(tc.rejected) {

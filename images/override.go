@@ -40,7 +40,7 @@ func ParseOverride(s string) (Override, error) {
 		return Override{}, fmt.Errorf("override of %d bytes is too long; %s", len(s), OverrideForms)
 	}
 	if strings.ContainsAny(s, "/:@") {
-		if _, err := ParseReference(s, nil); err != nil {
+		if _, err := ParseReference(s); err != nil {
 			return Override{}, fmt.Errorf("override %q: %v; %s", s, err, OverrideForms)
 		}
 		return Override{Kind: OverrideImage, Image: s}, nil

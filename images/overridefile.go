@@ -126,7 +126,64 @@ func (of *OverrideFile) Save() error {
 	return writeFileAtomic(of.Path, append([]byte(overrideHeader), body...), 0o644)
 }
 
+// maxLinks bounds a chain of symlinks, as the kernel's ELOOP does.
+const maxLinks = 40
+
+// OverridesTarget is the file an overrides path names once its symlinks
+// are followed: the file itself when it is none. A dangling link names its
+// target (made on the first write). An operator who links
+// /etc/gpupin/overrides.yaml to a file on another volume keeps the link:
+// writes go through it, and the lock is taken beside the real file, so
+// every writer, whichever name it was given, takes the same lock.
+func OverridesTarget(path string) (string, error) {
+	if p, err := filepath.EvalSymlinks(path); err == nil {
+		return p, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("overrides %s: %w", path, err)
+	}
+	// Something on the way does not exist: follow the links by hand to
+	// the first name that is missing; that is the file to create.
+	p := path
+	for range maxLinks {
+		fi, err := os.Lstat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			// A missing directory on the way is made by the write.
+			return filepath.Clean(p), nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("overrides %s: %w", path, err)
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			return filepath.Clean(p), nil
+		}
+		t, err := os.Readlink(p)
+		if err != nil {
+			return "", fmt.Errorf("overrides %s: %w", path, err)
+		}
+		if !filepath.IsAbs(t) {
+			// Relative to the link's real directory: a ".." in the link
+			// climbs out of where the directory really is, which a lexical
+			// join would get wrong when the directory is itself a link.
+			dir, err := filepath.EvalSymlinks(filepath.Dir(p))
+			if err != nil {
+				return "", fmt.Errorf("overrides %s: %w", path, err)
+			}
+			t = filepath.Join(dir, t)
+		}
+		p = t
+	}
+	return "", fmt.Errorf("overrides %s: more than %d symlinks", path, maxLinks)
+}
+
+// writeFileAtomic replaces the file path names, through its symlinks: the
+// temporary file goes beside the target and is renamed over it, so a link
+// stays a link.
 func writeFileAtomic(path string, data []byte, mode fs.FileMode) (err error) {
+	target, err := OverridesTarget(path)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	path = target
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
@@ -174,12 +231,18 @@ func writeFileAtomic(path string, data []byte, mode fs.FileMode) (err error) {
 
 // UpdateOverrides reads the overrides file, lets fn change it, and writes
 // it back, holding a lock beside it the whole time: the CLI and the agent
-// both write the file, and neither may lose the other's change.
+// both write the file, and neither may lose the other's change. A
+// symlinked file is written through, and locked beside its target (see
+// OverridesTarget); the returned file keeps the path it was given.
 func UpdateOverrides(path string, fn func(*OverrideFile) error) (*OverrideFile, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	target, err := OverridesTarget(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 		return nil, fmt.Errorf("overrides dir: %w", err)
 	}
-	lock, err := os.OpenFile(filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	lock, err := os.OpenFile(lockPath(target), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("lock overrides: %w", err)
 	}
@@ -188,7 +251,9 @@ func UpdateOverrides(path string, fn func(*OverrideFile) error) (*OverrideFile, 
 		return nil, fmt.Errorf("lock overrides: %w", err)
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	of, err := LoadOverrides(path)
+	// Read and write the target found under the lock: were the link
+	// repointed meanwhile, its new target has a lock of its own.
+	of, err := LoadOverrides(target)
 	if err != nil {
 		return nil, err
 	}
@@ -198,5 +263,11 @@ func UpdateOverrides(path string, fn func(*OverrideFile) error) (*OverrideFile, 
 	if err := of.Save(); err != nil {
 		return nil, err
 	}
+	of.Path = path
 	return of, nil
+}
+
+// lockPath is the lock file of an overrides file: a hidden file beside it.
+func lockPath(target string) string {
+	return filepath.Join(filepath.Dir(target), "."+filepath.Base(target)+".lock")
 }

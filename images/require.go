@@ -1,6 +1,7 @@
 package images
 
 import (
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
@@ -328,3 +329,66 @@ func brandOf(g node.GPU) string {
 	return g.Brand
 }
 
+// requireVars are the config variables that decide an image's requirements.
+func isRequireVar(k string) bool {
+	return k == "CUDA_VERSION" || k == "NVIDIA_DISABLE_REQUIRE" ||
+		(strings.HasPrefix(k, "NVIDIA_REQUIRE_") && !strings.HasPrefix(k, "NVIDIA_REQUIRE_JETPACK"))
+}
+
+// RequireAnnotation is the io.gpupin.cuda.require value for an image
+// config's Env: its requirement variables as a JSON object (keys sorted),
+// or "" when it has none. Evaluating it gives what RequirementsFromEnv
+// gives for the image itself.
+func RequireAnnotation(env []string) (string, error) {
+	vars := map[string]string{}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		if isRequireVar(k) {
+			vars[k] = v
+		}
+	}
+	if len(vars) == 0 {
+		return "", nil
+	}
+	if _, err := RequirementsFromEnv(env); err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(vars)
+	if err != nil {
+		return "", err
+	}
+	if len(b) > maxRequireAnnotation {
+		return "", fmt.Errorf("requirement variables of %d bytes: more than %d", len(b), maxRequireAnnotation)
+	}
+	return string(b), nil
+}
+
+// ParseRequireAnnotation reads an io.gpupin.cuda.require value back into
+// the requirements, exactly as RequirementsFromEnv reads the image's own
+// Env. disabled is true when the image set NVIDIA_DISABLE_REQUIRE.
+func ParseRequireAnnotation(s string) (req *Requirements, disabled bool, err error) {
+	var vars map[string]string
+	dec := json.NewDecoder(strings.NewReader(s))
+	if err := dec.Decode(&vars); err != nil {
+		return nil, false, fmt.Errorf("want a JSON object of NVIDIA_REQUIRE_* variables: %w", err)
+	}
+	if dec.More() {
+		return nil, false, fmt.Errorf("want one JSON object, found more")
+	}
+	if len(vars) == 0 {
+		return nil, false, fmt.Errorf("empty requirement set")
+	}
+	env := make([]string, 0, len(vars))
+	for k, v := range vars {
+		if !isRequireVar(k) {
+			return nil, false, fmt.Errorf("%q is not a requirement variable (NVIDIA_REQUIRE_*, NVIDIA_DISABLE_REQUIRE, CUDA_VERSION)", k)
+		}
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	req, err = RequirementsFromEnv(env)
+	if err != nil {
+		return nil, false, err
+	}
+	return req, req == nil, nil
+}

@@ -6,34 +6,37 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 
+	cimages "github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/remotes"
 	"github.com/containerd/platforms"
-	"github.com/google/go-containerregistry/pkg/authn"
-	"github.com/google/go-containerregistry/pkg/name"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/registry"
 )
 
 // Limits on what a registry may send: metadata is small, and a registry that
 // sends more is broken or hostile.
 const (
-	MaxManifestBytes = 4 << 20
+	MaxManifestBytes = registry.MaxManifestBytes
 	MaxIndexEntries  = 256
 	maxConfigBytes   = 8 << 20
 )
 
+// Remote is how the resolver reaches registries: the node's registry
+// policy, the same one pulls go through (registry.Policy).
+type Remote interface {
+	Resolver(ctx context.Context) remotes.Resolver
+	Explain(err error, host string) error
+}
+
 // Resolver reads references from registries, manifests only.
 type Resolver struct {
-	// Insecure names registries reached over plain HTTP (host[:port]).
-	Insecure []string
-	// Keychain gives credentials; nil means the Docker config keychain.
-	Keychain authn.Keychain
-	// Transport carries the requests; nil means http.DefaultTransport.
-	Transport http.RoundTripper
+	// Remote reaches the registries; nil means registry.New's defaults
+	// (no certs.d, plain HTTP for loopback only, the Docker config).
+	Remote Remote
 }
 
 // Set is what a reference holds: its variants for every platform, in the
@@ -49,91 +52,129 @@ type Set struct {
 // Variant is one runnable image: a variant for one platform.
 type Variant struct {
 	Metadata
-	Ref      string `json:"ref"` // repo@sha256:…, what gets pulled
-	Digest   string `json:"digest"`
-	Platform string `json:"platform"`
+	Ref       string `json:"ref"` // repo@sha256:…, what gets pulled
+	Digest    string `json:"digest"`
+	MediaType string `json:"media_type"`
+	Platform  string `json:"platform"`
 	// Derived is true when the metadata came from the image config, not
 	// from gpupin's annotations.
 	Derived bool `json:"derived"`
 	// Invalid says why an entry's metadata could not be read; such an
 	// entry is only ever a rejection.
-	Invalid string        `json:"invalid,omitempty"`
+	Invalid string `json:"invalid,omitempty"`
+	// Require is the image's NVIDIA_REQUIRE_* set: from its config when
+	// derived, from io.gpupin.cuda.require when published. nil when the
+	// entry carries none (an older publish) or the image disabled it.
 	Require *Requirements `json:"-"`
-	// RequireDisabled is true for a derived variant whose image sets
-	// NVIDIA_DISABLE_REQUIRE: its CUDA requirement is not checked.
+	// RequireDisabled is true when the image sets NVIDIA_DISABLE_REQUIRE:
+	// its CUDA requirement is not checked.
 	RequireDisabled bool `json:"require_disabled,omitempty"`
 }
 
-func (r *Resolver) options(ctx context.Context) []remote.Option {
-	kc := r.Keychain
-	if kc == nil {
-		kc = authn.DefaultKeychain
+func (r *Resolver) remote() Remote {
+	if r.Remote != nil {
+		return r.Remote
 	}
-	tr := r.Transport
-	if tr == nil {
-		tr = remote.DefaultTransport
+	return registry.New(registry.Config{})
+}
+
+// fetcher reads manifests and configs of one repository, each checked
+// against its descriptor's digest and bounded in size.
+type fetcher struct {
+	f remotes.Fetcher
+}
+
+func (f fetcher) read(ctx context.Context, d ocispec.Descriptor, limit int64) ([]byte, error) {
+	if d.Size > limit {
+		return nil, fmt.Errorf("%s: %d bytes, more than gpupin's limit of %d", d.Digest, d.Size, limit)
 	}
-	return []remote.Option{
-		remote.WithContext(ctx),
-		remote.WithAuthFromKeychain(kc),
-		remote.WithTransport(&limitTransport{next: tr}),
-		remote.WithUserAgent("gpupin"),
+	if err := d.Digest.Validate(); err != nil {
+		return nil, fmt.Errorf("digest %q: %w", d.Digest, err)
 	}
+	rc, err := f.f.Fetch(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", d.Digest, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s: more than gpupin's limit of %d bytes", d.Digest, limit)
+	}
+	if got := d.Digest.Algorithm().FromBytes(b); got != d.Digest {
+		return nil, fmt.Errorf("registry sent content of digest %s for %s: refusing it", got, d.Digest)
+	}
+	if d.Size > 0 && int64(len(b)) != d.Size {
+		return nil, fmt.Errorf("%s: registry sent %d bytes, its descriptor says %d", d.Digest, len(b), d.Size)
+	}
+	return b, nil
 }
 
 // Resolve reads a reference down to its variants. It fetches manifests and,
 // only for images without gpupin's annotations, their config blobs; never a
 // layer.
 func (r *Resolver) Resolve(ctx context.Context, ref string) (*Set, error) {
-	nref, err := ParseReference(ref, r.Insecure)
+	pr, err := ParseReference(ref)
 	if err != nil {
 		return nil, err
 	}
-	opts := r.options(ctx)
-	desc, err := remote.Get(nref, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("resolve %s: %w", ref, err)
+	remote := r.remote()
+	fail := func(err error) (*Set, error) {
+		return nil, remote.Explain(fmt.Errorf("resolve %s: %w", ref, err), pr.Host())
 	}
-	repo := nref.Context()
-	set := &Set{Ref: ref, Repo: repo.Name(), Digest: desc.Digest.String(), MediaType: string(desc.MediaType)}
-	switch {
-	case desc.MediaType.IsIndex():
-		idx, err := desc.ImageIndex()
-		if err != nil {
-			return nil, fmt.Errorf("resolve %s: %w", ref, err)
-		}
-		im, err := idx.IndexManifest()
-		if err != nil {
+	rr := remote.Resolver(ctx)
+	name, desc, err := rr.Resolve(ctx, pr.String())
+	if err != nil {
+		return fail(err)
+	}
+	rf, err := rr.Fetcher(ctx, name)
+	if err != nil {
+		return fail(err)
+	}
+	f := fetcher{rf}
+	raw, err := f.read(ctx, desc, MaxManifestBytes)
+	if err != nil {
+		return fail(err)
+	}
+	set := &Set{Ref: ref, Repo: pr.Repo(), Digest: desc.Digest.String(), MediaType: desc.MediaType}
+	switch kind, err := contentKind(desc.MediaType, raw); {
+	case err != nil:
+		return nil, fmt.Errorf("resolve %s: %w", ref, err)
+	case kind == kindIndex:
+		var idx ocispec.Index
+		if err := json.Unmarshal(raw, &idx); err != nil {
 			return nil, fmt.Errorf("resolve %s: index: %w", ref, err)
 		}
-		if len(im.Manifests) > MaxIndexEntries {
-			return nil, fmt.Errorf("resolve %s: index has %d entries, more than %d", ref, len(im.Manifests), MaxIndexEntries)
+		if len(idx.Manifests) > MaxIndexEntries {
+			return nil, fmt.Errorf("resolve %s: index has %d entries, more than %d", ref, len(idx.Manifests), MaxIndexEntries)
 		}
-		for i, d := range im.Manifests {
+		for i, d := range idx.Manifests {
 			if d.Digest == desc.Digest {
 				return nil, fmt.Errorf("resolve %s: index entry %d refers to the index itself", ref, i)
 			}
-			if d.MediaType.IsIndex() {
+			if cimages.IsIndexType(d.MediaType) {
 				return nil, fmt.Errorf("resolve %s: index entry %d is itself an index (nested indexes are not variants)", ref, i)
 			}
-			if !d.MediaType.IsImage() {
+			if !cimages.IsManifestType(d.MediaType) {
 				continue // attestations, signatures
 			}
 			if d.Platform != nil && d.Platform.OS == "unknown" {
 				continue // buildx attestation manifests
 			}
-			v, err := r.entry(ctx, repo, d, opts)
+			v, err := r.entry(ctx, f, pr, d)
 			var bad *metadataError
 			if errors.As(err, &bad) {
 				// One bad entry (another platform's, say) must not make the
 				// good ones unusable: it becomes a rejection with its reason.
-				set.Variants = append(set.Variants, Variant{Ref: repo.Digest(d.Digest.String()).Name(), Digest: d.Digest.String(),
-					Platform: platformString(d.Platform), Metadata: Metadata{Variant: fmt.Sprintf("entry %d", i)},
+				set.Variants = append(set.Variants, Variant{Ref: pr.AtDigest(d.Digest.String()), Digest: d.Digest.String(),
+					MediaType: d.MediaType, Platform: platformString(d.Platform), Metadata: Metadata{Variant: fmt.Sprintf("entry %d", i)},
 					Invalid: fmt.Sprintf("entry %d (%s): %v", i, d.Digest, err)})
 				continue
 			}
 			if err != nil {
-				return nil, fmt.Errorf("resolve %s: entry %d (%s): %w", ref, i, d.Digest, err)
+				return fail(fmt.Errorf("entry %d (%s): %w", i, d.Digest, err))
 			}
 			set.Variants = append(set.Variants, v)
 		}
@@ -146,23 +187,21 @@ func (r *Resolver) Resolve(ctx context.Context, ref string) (*Set, error) {
 		if len(invalid) > 0 && len(invalid) == len(set.Variants) {
 			return nil, fmt.Errorf("resolve %s: no entry has usable metadata: %s", ref, strings.Join(invalid, "; "))
 		}
-	case desc.MediaType.IsImage():
-		img, err := desc.Image()
-		if err != nil {
-			return nil, fmt.Errorf("resolve %s: %w", ref, err)
-		}
-		m, err := img.Manifest()
-		if err != nil {
+	default:
+		var m ocispec.Manifest
+		if err := json.Unmarshal(raw, &m); err != nil {
 			return nil, fmt.Errorf("resolve %s: manifest: %w", ref, err)
 		}
-		d := v1.Descriptor{MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size, Annotations: m.Annotations}
-		v, err := r.fromImage(repo, d, img)
-		if err != nil {
+		d := ocispec.Descriptor{MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size, Annotations: m.Annotations}
+		v, err := r.fromImage(ctx, f, pr, d, m)
+		var bad *metadataError
+		if errors.As(err, &bad) {
 			return nil, fmt.Errorf("resolve %s: %w", ref, err)
 		}
+		if err != nil {
+			return fail(err)
+		}
 		set.Variants = append(set.Variants, v)
-	default:
-		return nil, fmt.Errorf("resolve %s: media type %q is neither an image nor an index", ref, desc.MediaType)
 	}
 	if len(set.Variants) == 0 {
 		return nil, fmt.Errorf("resolve %s: no image manifests in the index", ref)
@@ -170,36 +209,86 @@ func (r *Resolver) Resolve(ctx context.Context, ref string) (*Set, error) {
 	return set, nil
 }
 
+type kind int
+
+const (
+	kindImage kind = iota
+	kindIndex
+)
+
+// contentKind says what a manifest is, from its media type and, where the
+// registry's type is missing or generic, its own mediaType field; the two
+// must agree, or the registry is lying about what it serves.
+func contentKind(mediaType string, raw []byte) (kind, error) {
+	var probe struct {
+		MediaType string            `json:"mediaType"`
+		Manifests json.RawMessage   `json:"manifests"`
+		Config    *json.RawMessage  `json:"config"`
+		Layers    []json.RawMessage `json:"layers"`
+	}
+	if err := json.Unmarshal(raw, &probe); err != nil {
+		return 0, fmt.Errorf("manifest is not JSON: %w", err)
+	}
+	inner := probe.MediaType
+	if inner == "" {
+		switch {
+		case probe.Manifests != nil:
+			inner = ocispec.MediaTypeImageIndex
+		case probe.Config != nil:
+			inner = ocispec.MediaTypeImageManifest
+		}
+	}
+	outerIndex, outerImage := cimages.IsIndexType(mediaType), cimages.IsManifestType(mediaType)
+	innerIndex, innerImage := cimages.IsIndexType(inner), cimages.IsManifestType(inner)
+	switch {
+	case (outerIndex && innerImage) || (outerImage && innerIndex):
+		return 0, fmt.Errorf("served as %s but its content is %s", mediaType, inner)
+	case outerIndex || innerIndex:
+		return kindIndex, nil
+	case outerImage || innerImage:
+		return kindImage, nil
+	}
+	return 0, fmt.Errorf("media type %q is neither an image nor an index", mediaType)
+}
+
 // entry reads one index entry: its annotations when present, else the
 // child manifest's, else the config.
-func (r *Resolver) entry(ctx context.Context, repo name.Repository, d v1.Descriptor, opts []remote.Option) (Variant, error) {
-	v := Variant{Ref: repo.Digest(d.Digest.String()).Name(), Digest: d.Digest.String(), Platform: platformString(d.Platform)}
+func (r *Resolver) entry(ctx context.Context, f fetcher, pr Reference, d ocispec.Descriptor) (Variant, error) {
+	v := Variant{Ref: pr.AtDigest(d.Digest.String()), Digest: d.Digest.String(), MediaType: d.MediaType, Platform: platformString(d.Platform)}
 	if HasMetadata(d.Annotations) {
-		m, err := ParseAnnotations(d.Annotations)
+		md, err := ParseAnnotations(d.Annotations)
 		if err != nil {
 			return Variant{}, &metadataError{err}
 		}
-		v.Metadata = m
+		v.Metadata = md
+		v.Require, v.RequireDisabled, _ = md.Requirements()
 		return v, nil
 	}
-	img, err := remote.Image(repo.Digest(d.Digest.String()), opts...)
+	raw, err := f.read(ctx, d, MaxManifestBytes)
 	if err != nil {
 		return Variant{}, err
 	}
-	m, err := img.Manifest()
+	k, err := contentKind(d.MediaType, raw)
 	if err != nil {
-		return Variant{}, fmt.Errorf("manifest: %w", err)
+		return Variant{}, &metadataError{err}
+	}
+	if k != kindImage {
+		return Variant{}, &metadataError{fmt.Errorf("typed as an image manifest, but its content is an index")}
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return Variant{}, &metadataError{fmt.Errorf("manifest: %w", err)}
 	}
 	d.Annotations = m.Annotations
-	return r.fromImage(repo, d, img)
+	return r.fromImage(ctx, f, pr, d, m)
 }
 
 // fromImage reads a variant from the manifest's annotations or, failing
 // those, derives it from the config. The config blob is fetched only when it
 // is needed: to derive metadata, or to learn the platform of an image that
 // no index entry describes.
-func (r *Resolver) fromImage(repo name.Repository, d v1.Descriptor, img v1.Image) (Variant, error) {
-	v := Variant{Ref: repo.Digest(d.Digest.String()).Name(), Digest: d.Digest.String(), Platform: platformString(d.Platform)}
+func (r *Resolver) fromImage(ctx context.Context, f fetcher, pr Reference, d ocispec.Descriptor, m ocispec.Manifest) (Variant, error) {
+	v := Variant{Ref: pr.AtDigest(d.Digest.String()), Digest: d.Digest.String(), MediaType: d.MediaType, Platform: platformString(d.Platform)}
 	annotated := HasMetadata(d.Annotations)
 	if annotated {
 		md, err := ParseAnnotations(d.Annotations)
@@ -207,28 +296,27 @@ func (r *Resolver) fromImage(repo name.Repository, d v1.Descriptor, img v1.Image
 			return Variant{}, &metadataError{err}
 		}
 		v.Metadata = md
+		v.Require, v.RequireDisabled, _ = md.Requirements()
 		if d.Platform != nil {
 			return v, nil
 		}
 	}
-	m, err := img.Manifest()
-	if err != nil {
-		return Variant{}, err
-	}
 	if m.Config.Size > maxConfigBytes {
 		return Variant{}, &metadataError{fmt.Errorf("config of %d bytes: more than %d", m.Config.Size, maxConfigBytes)}
 	}
-	cf, err := img.ConfigFile()
-	var se *json.SyntaxError
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &se) || errors.As(err, &te) {
-		return Variant{}, &metadataError{fmt.Errorf("config: %w", err)}
-	}
+	raw, err := f.read(ctx, m.Config, maxConfigBytes)
 	if err != nil {
 		return Variant{}, fmt.Errorf("config: %w", err)
 	}
-	if d.Platform == nil && cf.OS != "" {
-		v.Platform = platformString(&v1.Platform{OS: cf.OS, Architecture: cf.Architecture, Variant: cf.Variant})
+	var cf ocispec.Image
+	if err := json.Unmarshal(raw, &cf); err != nil {
+		return Variant{}, &metadataError{fmt.Errorf("config: %w", err)}
+	}
+	if d.Platform == nil {
+		if cf.OS == "" || cf.Architecture == "" {
+			return Variant{}, &metadataError{fmt.Errorf("the image config names no os/architecture, so no node can tell whether it runs there: set it (crane mutate --set-platform linux/amd64 IMAGE)")}
+		}
+		v.Platform = platformString(&ocispec.Platform{OS: cf.OS, Architecture: cf.Architecture, Variant: cf.Variant})
 	}
 	if annotated {
 		return v, nil
@@ -307,15 +395,11 @@ func VariantNameForCUDA(mm string) string {
 	return "cu" + maj + min
 }
 
-func platformString(p *v1.Platform) string {
+func platformString(p *ocispec.Platform) string {
 	if p == nil {
 		return ""
 	}
-	s := p.OS + "/" + p.Architecture
-	if p.Variant != "" {
-		s += "/" + p.Variant
-	}
-	return s
+	return platforms.Format(*p)
 }
 
 // PlatformMatches reports whether an entry's platform runs on the node's.
@@ -341,40 +425,3 @@ type metadataError struct{ err error }
 
 func (e *metadataError) Error() string { return e.err.Error() }
 func (e *metadataError) Unwrap() error { return e.err }
-
-// limitTransport refuses manifests larger than MaxManifestBytes before they
-// are read into memory.
-type limitTransport struct{ next http.RoundTripper }
-
-func (t *limitTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := t.next.RoundTrip(req)
-	if err != nil || !strings.Contains(req.URL.Path, "/manifests/") || req.Method != http.MethodGet {
-		return resp, err
-	}
-	if resp.ContentLength > MaxManifestBytes {
-		resp.Body.Close()
-		return nil, fmt.Errorf("manifest %s: %d bytes, more than gpupin's limit of %d", req.URL.Path, resp.ContentLength, MaxManifestBytes)
-	}
-	resp.Body = &limitedBody{rc: resp.Body, left: MaxManifestBytes, path: req.URL.Path}
-	return resp, nil
-}
-
-type limitedBody struct {
-	rc   io.ReadCloser
-	left int64
-	path string
-}
-
-func (b *limitedBody) Read(p []byte) (int, error) {
-	if b.left <= 0 {
-		return 0, fmt.Errorf("manifest %s: more than gpupin's limit of %d bytes", b.path, MaxManifestBytes)
-	}
-	if int64(len(p)) > b.left {
-		p = p[:b.left]
-	}
-	n, err := b.rc.Read(p)
-	b.left -= int64(n)
-	return n, err
-}
-
-func (b *limitedBody) Close() error { return b.rc.Close() }

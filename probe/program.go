@@ -21,26 +21,49 @@ const CUDAProbeName = "gpupin-cuda-probe"
 type Options struct {
 	// Dir is the host directory where gpupin stages probe files; created if missing.
 	Dir string
-	// CUDAProbeBinary is the gpupin-cuda-probe binary. Default: beside the
-	// running executable, then /usr/lib/gpupin/.
+	// CUDAProbeBinary is the gpupin-cuda-probe binary. Default: in
+	// $GPUPIN_LIBDIR, beside the running executable, then /usr/lib/gpupin/.
 	CUDAProbeBinary string
+	// SimProbeBinary is the gpupin-sim-probe binary (the static emulator of
+	// the sim probe), looked up as CUDAProbeBinary is.
+	SimProbeBinary string
 	// ExecArgv is the image's io.gpupin.probe.exec label, parsed (ParseExecLabel).
 	ExecArgv []string
 	// Engine is the image's engine (vllm, sglang, …); the torch probe imports it.
 	Engine string
-	// Sim configures the simulated probe.
+	// Simulated builds the probe's simulated mode, for a node without a GPU:
+	// the real program runs in the image and skips only what needs a device,
+	// driven by Sim. Off, every probe is told the node is real, whatever
+	// the image's own environment says (GPUPIN_SIMULATED=0).
+	Simulated bool
+	// Sim describes the simulated node (Simulated, or the Sim kind).
 	Sim SimOptions
 }
 
-// Lookup locations for the cuda probe; variables so tests can move them.
+// Lookup locations for the probe binaries; variables so tests can move them.
 var (
 	executable = os.Executable
 	libDir     = "/usr/lib/gpupin"
 )
 
+// EnvLibDir names a directory searched first for the probe binaries (tests
+// and relocated installs; the flags and Options name a binary exactly).
+const EnvLibDir = "GPUPIN_LIBDIR"
+
 // Build returns the program that runs probe k in the image's container.
 func Build(k Kind, opt Options) (Program, error) {
 	p := Program{Kind: k}
+	var simEnv []string
+	if opt.Simulated || k == Sim {
+		var err error
+		if simEnv, err = opt.Sim.env(); err != nil {
+			return Program{}, fmt.Errorf("%s probe: %w", k, err)
+		}
+	} else {
+		// An image must not be able to put a probe in its simulated mode
+		// on a node with GPUs: gpupin's value wins over the image's.
+		simEnv = []string{EnvSimulated + "=0"}
+	}
 	switch k {
 	case Torch:
 		src, err := stage(opt.Dir, torch.ScriptName, torch.Script, 0o644)
@@ -51,15 +74,16 @@ func Build(k Kind, opt Options) (Program, error) {
 		p.Mounts = []Mount{{Source: src, Destination: dst}}
 		p.Args = []string{"python3", dst}
 		// The script is read-only and the root filesystem too: no .pyc.
-		p.Env = []string{"GPUPIN_ENGINE=" + opt.Engine, "PYTHONDONTWRITEBYTECODE=1"}
+		p.Env = append([]string{"GPUPIN_ENGINE=" + opt.Engine, "PYTHONDONTWRITEBYTECODE=1"}, simEnv...)
 	case CUDA:
-		bin, err := findCUDAProbe(opt.CUDAProbeBinary)
+		bin, err := findBinary(CUDAProbeName, opt.CUDAProbeBinary)
 		if err != nil {
 			return Program{}, fmt.Errorf("cuda probe: %w", err)
 		}
 		dst := path.Join(MountDir, CUDAProbeName)
 		p.Mounts = []Mount{{Source: bin, Destination: dst}}
 		p.Args = []string{dst}
+		p.Env = simEnv
 	case Exec:
 		if len(opt.ExecArgv) == 0 {
 			return Program{}, fmt.Errorf("exec probe: the image has no %s label naming its self-test", ExecLabel)
@@ -68,9 +92,16 @@ func Build(k Kind, opt Options) (Program, error) {
 			return Program{}, fmt.Errorf("exec probe: %s label: %w", ExecLabel, err)
 		}
 		p.Args = append([]string(nil), opt.ExecArgv...)
-		p.Env = []string{"GPUPIN_ENGINE=" + opt.Engine}
+		p.Env = append([]string{"GPUPIN_ENGINE=" + opt.Engine}, simEnv...)
 	case Sim:
-		return buildSim(opt)
+		bin, err := findBinary(SimProbeName, opt.SimProbeBinary)
+		if err != nil {
+			return Program{}, fmt.Errorf("sim probe: %w", err)
+		}
+		dst := path.Join(MountDir, SimProbeName)
+		p.Mounts = []Mount{{Source: bin, Destination: dst}}
+		p.Args = []string{dst}
+		p.Env = simEnv
 	default:
 		return Program{}, fmt.Errorf("unknown probe %q", k)
 	}
@@ -108,9 +139,9 @@ func checkArgv(argv []string) error {
 	return nil
 }
 
-// findCUDAProbe returns the cuda probe binary: explicit, else beside the
-// running executable, else in libDir.
-func findCUDAProbe(explicit string) (string, error) {
+// findBinary returns a probe binary: explicit, else in $GPUPIN_LIBDIR, else
+// beside the running executable, else in libDir.
+func findBinary(name, explicit string) (string, error) {
 	var tried []string
 	try := func(p string) (string, bool) {
 		tried = append(tried, p)
@@ -127,19 +158,26 @@ func findCUDAProbe(explicit string) (string, error) {
 		}
 		return "", fmt.Errorf("probe binary %s is not a regular file", abs)
 	}
+	if dir := os.Getenv(EnvLibDir); dir != "" {
+		if abs, err := filepath.Abs(dir); err == nil {
+			if p, ok := try(filepath.Join(abs, name)); ok {
+				return p, nil
+			}
+		}
+	}
 	if exe, err := executable(); err == nil {
 		if resolved, err := filepath.EvalSymlinks(exe); err == nil {
 			exe = resolved
 		}
-		if p, ok := try(filepath.Join(filepath.Dir(exe), CUDAProbeName)); ok {
+		if p, ok := try(filepath.Join(filepath.Dir(exe), name)); ok {
 			return p, nil
 		}
 	}
-	if p, ok := try(filepath.Join(libDir, CUDAProbeName)); ok {
+	if p, ok := try(filepath.Join(libDir, name)); ok {
 		return p, nil
 	}
-	return "", fmt.Errorf("no %s binary (looked in %s); build it with `CGO_ENABLED=0 go build ./cmd/gpupin-cuda-probe` and put it beside gpupin",
-		CUDAProbeName, strings.Join(tried, ", "))
+	return "", fmt.Errorf("no %s binary (looked in %s); build it with `CGO_ENABLED=0 go build ./cmd/%s` and put it beside gpupin",
+		name, strings.Join(tried, ", "), name)
 }
 
 // stage writes content into dir under a name carrying its hash, so that

@@ -74,12 +74,15 @@ func TestBuild(t *testing.T) {
 	beside := writeFile(t, filepath.Join(besideDir, CUDAProbeName))
 	lib := writeFile(t, filepath.Join(root, "lib", CUDAProbeName))
 	explicit := writeFile(t, filepath.Join(root, "explicit", "probe"))
+	libEnv := writeFile(t, filepath.Join(root, "libenv", CUDAProbeName))
+	simBeside := writeFile(t, filepath.Join(besideDir, SimProbeName))
 
 	tests := []struct {
 		name       string
 		kind       Kind
 		opt        Options
 		exe, lib   string // lookup locations
+		libEnv     string // GPUPIN_LIBDIR
 		wantArgs   []string
 		wantSource string // the mount's host path ("" = no mount); "staged" = under Dir
 		wantDest   string
@@ -89,12 +92,27 @@ func TestBuild(t *testing.T) {
 		{
 			name: "torch", kind: Torch, opt: Options{Engine: "vllm"},
 			wantArgs: []string{"python3", "/.gpupin-probe/gpupin_probe.py"}, wantSource: "staged",
-			wantDest: "/.gpupin-probe/gpupin_probe.py", wantEnv: []string{"GPUPIN_ENGINE=vllm", "PYTHONDONTWRITEBYTECODE=1"},
+			wantDest: "/.gpupin-probe/gpupin_probe.py", wantEnv: []string{"GPUPIN_ENGINE=vllm", "PYTHONDONTWRITEBYTECODE=1", "GPUPIN_SIMULATED=0"},
 		},
+		{
+			name: "torch simulated", kind: Torch, opt: Options{Engine: "vllm", Simulated: true, Sim: SimOptions{Devices: []Device{{Index: 0, UUID: "GPU-x", CC: "9.0"}}, NodeCUDA: "12.9", VariantCUDA: "12.8"}},
+			wantArgs: []string{"python3", "/.gpupin-probe/gpupin_probe.py"}, wantSource: "staged",
+			wantDest: "/.gpupin-probe/gpupin_probe.py", wantEnv: []string{"GPUPIN_ENGINE=vllm", "PYTHONDONTWRITEBYTECODE=1", "GPUPIN_SIMULATED=1",
+				`GPUPIN_SIM_DEVICES=[{"index":0,"uuid":"GPU-x","name":"","cc":"9.0","tflops":0,"max_abs_err":0}]`, "GPUPIN_SIM_NODE_CUDA=12.9", "GPUPIN_SIM_VARIANT_CUDA=12.8"},
+		},
+		{name: "torch simulated without devices", kind: Torch, opt: Options{Simulated: true}, wantErr: "torch probe: no simulated devices"},
+		{name: "torch simulated bad variant version", kind: Torch, opt: Options{Simulated: true, Sim: SimOptions{Devices: []Device{{}}, VariantCUDA: "cu129"}},
+			wantErr: `variant CUDA version "cu129" is not a version like 12.9`},
 		{
 			name: "cuda explicit", kind: CUDA, opt: Options{CUDAProbeBinary: explicit},
 			exe: filepath.Join(besideDir, "gpupin"), wantArgs: []string{"/.gpupin-probe/gpupin-cuda-probe"},
-			wantSource: explicit, wantDest: "/.gpupin-probe/gpupin-cuda-probe",
+			wantSource: explicit, wantDest: "/.gpupin-probe/gpupin-cuda-probe", wantEnv: []string{"GPUPIN_SIMULATED=0"},
+		},
+		{
+			name: "cuda simulated", kind: CUDA, opt: Options{CUDAProbeBinary: explicit, Simulated: true, Sim: SimOptions{Devices: []Device{{Index: 0, UUID: "GPU-x"}}}},
+			exe: filepath.Join(besideDir, "gpupin"), wantArgs: []string{"/.gpupin-probe/gpupin-cuda-probe"},
+			wantSource: explicit, wantDest: "/.gpupin-probe/gpupin-cuda-probe", wantEnv: []string{"GPUPIN_SIMULATED=1",
+				`GPUPIN_SIM_DEVICES=[{"index":0,"uuid":"GPU-x","name":"","cc":"","tflops":0,"max_abs_err":0}]`, "GPUPIN_SIM_NODE_CUDA=", "GPUPIN_SIM_VARIANT_CUDA="},
 		},
 		{
 			name: "cuda explicit missing", kind: CUDA, opt: Options{CUDAProbeBinary: filepath.Join(root, "nope")},
@@ -104,11 +122,25 @@ func TestBuild(t *testing.T) {
 			name: "cuda beside the executable", kind: CUDA,
 			exe: filepath.Join(besideDir, "gpupin"), lib: filepath.Dir(lib),
 			wantArgs: []string{"/.gpupin-probe/gpupin-cuda-probe"}, wantSource: beside, wantDest: "/.gpupin-probe/gpupin-cuda-probe",
+			wantEnv: []string{"GPUPIN_SIMULATED=0"},
+		},
+		{
+			name: "cuda from GPUPIN_LIBDIR", kind: CUDA, libEnv: filepath.Join(root, "libenv"),
+			exe: filepath.Join(besideDir, "gpupin"), lib: filepath.Dir(lib),
+			wantArgs: []string{"/.gpupin-probe/gpupin-cuda-probe"}, wantSource: libEnv, wantDest: "/.gpupin-probe/gpupin-cuda-probe",
+			wantEnv: []string{"GPUPIN_SIMULATED=0"},
+		},
+		{
+			name: "cuda with an empty GPUPIN_LIBDIR", kind: CUDA, libEnv: filepath.Join(root, "nolib"),
+			exe: filepath.Join(besideDir, "gpupin"), lib: filepath.Dir(lib),
+			wantArgs: []string{"/.gpupin-probe/gpupin-cuda-probe"}, wantSource: beside, wantDest: "/.gpupin-probe/gpupin-cuda-probe",
+			wantEnv: []string{"GPUPIN_SIMULATED=0"},
 		},
 		{
 			name: "cuda from lib dir", kind: CUDA,
 			exe: filepath.Join(root, "elsewhere", "gpupin"), lib: filepath.Dir(lib),
 			wantArgs: []string{"/.gpupin-probe/gpupin-cuda-probe"}, wantSource: lib, wantDest: "/.gpupin-probe/gpupin-cuda-probe",
+			wantEnv: []string{"GPUPIN_SIMULATED=0"},
 		},
 		{
 			name: "cuda nowhere", kind: CUDA, exe: filepath.Join(root, "elsewhere", "gpupin"), lib: filepath.Join(root, "nolib"),
@@ -116,14 +148,23 @@ func TestBuild(t *testing.T) {
 		},
 		{
 			name: "exec", kind: Exec, opt: Options{ExecArgv: []string{"/opt/selftest", "--all"}, Engine: "trtllm"},
-			wantArgs: []string{"/opt/selftest", "--all"}, wantEnv: []string{"GPUPIN_ENGINE=trtllm"},
+			wantArgs: []string{"/opt/selftest", "--all"}, wantEnv: []string{"GPUPIN_ENGINE=trtllm", "GPUPIN_SIMULATED=0"},
+		},
+		{
+			name: "exec simulated", kind: Exec, opt: Options{ExecArgv: []string{"/opt/selftest"}, Engine: "trtllm", Simulated: true, Sim: SimOptions{Devices: []Device{{Index: 0}}, NodeCUDA: "13.0"}},
+			wantArgs: []string{"/opt/selftest"}, wantEnv: []string{"GPUPIN_ENGINE=trtllm", "GPUPIN_SIMULATED=1",
+				`GPUPIN_SIM_DEVICES=[{"index":0,"uuid":"","name":"","cc":"","tflops":0,"max_abs_err":0}]`, "GPUPIN_SIM_NODE_CUDA=13.0", "GPUPIN_SIM_VARIANT_CUDA="},
 		},
 		{name: "exec without label", kind: Exec, wantErr: "the image has no io.gpupin.probe.exec label"},
 		{name: "exec bad argv", kind: Exec, opt: Options{ExecArgv: []string{""}}, wantErr: "argv[0] (the command) is empty"},
 		{
 			name: "sim", kind: Sim, opt: Options{Sim: SimOptions{Devices: []Device{{Index: 0, UUID: "GPU-x"}}, NodeCUDA: "12.9"}},
-			wantArgs: []string{"/bin/sh", "/.gpupin-probe/sim.sh"}, wantSource: "staged", wantDest: "/.gpupin-probe/sim.sh",
-			wantEnv: []string{`GPUPIN_SIM_DEVICES=[{"index":0,"uuid":"GPU-x","name":"","cc":"","tflops":0,"max_abs_err":0}]`, "GPUPIN_SIM_NODE_CUDA=12.9"},
+			exe: filepath.Join(besideDir, "gpupin"), wantArgs: []string{"/.gpupin-probe/gpupin-sim-probe"}, wantSource: simBeside, wantDest: "/.gpupin-probe/gpupin-sim-probe",
+			wantEnv: []string{"GPUPIN_SIMULATED=1", `GPUPIN_SIM_DEVICES=[{"index":0,"uuid":"GPU-x","name":"","cc":"","tflops":0,"max_abs_err":0}]`, "GPUPIN_SIM_NODE_CUDA=12.9", "GPUPIN_SIM_VARIANT_CUDA="},
+		},
+		{
+			name: "sim nowhere", kind: Sim, opt: Options{Sim: SimOptions{Devices: []Device{{}}}}, exe: filepath.Join(root, "elsewhere", "gpupin"), lib: filepath.Join(root, "nolib"),
+			wantErr: "no gpupin-sim-probe binary",
 		},
 		{name: "sim without devices", kind: Sim, wantErr: "no simulated devices"},
 		{name: "sim bad node version", kind: Sim, opt: Options{Sim: SimOptions{Devices: []Device{{}}, NodeCUDA: "12.9; rm"}}, wantErr: "is not a version like 12.9"},
@@ -132,6 +173,7 @@ func TestBuild(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			withLookup(t, tt.exe, tt.lib)
+			t.Setenv(EnvLibDir, tt.libEnv)
 			if tt.opt.Dir == "" {
 				tt.opt.Dir = filepath.Join(t.TempDir(), "stage", "new")
 			}

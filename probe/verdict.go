@@ -11,6 +11,11 @@ type Verdict struct {
 	Devices []Device       `json:"devices"`
 	Runtime map[string]any `json:"runtime,omitempty"`
 	Detail  string         `json:"detail,omitempty"`
+	// SimulatedChecks names the checks a probe could not make because the
+	// node is simulated (no GPU, no driver): what a real run would have
+	// proved and this one did not. Empty on a GPU node; gpupin refuses a
+	// verdict there that lists any.
+	SimulatedChecks []string `json:"simulated_checks,omitempty"`
 	// Simulated is set by gpupin (never trusted from the probe's own line)
 	// when the verdict came from a simulated probe on a node without a GPU.
 	Simulated bool `json:"simulated,omitempty"`

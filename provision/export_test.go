@@ -1,4 +1,4 @@
 package provision
 
-// LockEngineForTest takes the engine lock as another process would.
-var LockEngineForTest = lockEngine
+// LockKeyForTest takes a pin key's lock as another process would.
+var LockKeyForTest = lockKey

@@ -2,15 +2,12 @@ package provision
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/runtime"
 )
 
@@ -83,18 +80,16 @@ type Loop struct {
 	cbMu sync.Mutex // keeps callbacks in the order of the changes
 	mu   sync.Mutex
 	// entries by want key, in the order of the last SetWants.
-	entries   map[string]*entry
-	order     []string
-	overrides map[string]string
-	fp        string
-	inFlight  int
+	entries  map[string]*entry
+	order    []string
+	fp       string
+	inFlight int
 }
 
 type entry struct {
 	want     Want
 	gen      uint64 // bumped on every change of the want or its override
-	applied  string // the override the last or current run used
-	engine   string // the engine's name as the image's metadata gave it
+	engine   string // the engine's name as the provision's plan named it
 	due      time.Time
 	failures int
 	running  *loopRun
@@ -138,14 +133,8 @@ func NewLoop(p *Provisioner, opts LoopOptions) *Loop {
 	if opts.Logger == nil {
 		opts.Logger = p.opts.Logger
 	}
-	l := &Loop{p: p, opts: opts, kick: make(chan struct{}, 1), entries: map[string]*entry{}, overrides: map[string]string{}}
-	prev := p.opts.OnState
-	p.opts.OnState = func(st Status) {
-		if prev != nil {
-			prev(st)
-		}
-		l.observe(st)
-	}
+	l := &Loop{p: p, opts: opts, kick: make(chan struct{}, 1), entries: map[string]*entry{}}
+	p.opts.OnState = append(p.opts.OnState, l.observe)
 	return l
 }
 
@@ -199,45 +188,22 @@ func (l *Loop) SetWants(wants []Want) error {
 	return nil
 }
 
-// ValidateWant checks a want as SetWants does: a reference that parses, a
-// valid engine name, an override of one of the accepted forms.
-func ValidateWant(w Want) error {
-	if strings.TrimSpace(w.Ref) == "" {
-		return errors.New("ref is empty")
-	}
-	if _, err := images.ParseReference(w.Ref, nil); err != nil {
-		return fmt.Errorf("ref %q: %w", w.Ref, err)
-	}
-	if w.Engine != "" && !images.ValidEngineName(w.Engine) {
-		return fmt.Errorf("engine %q is not an engine name (lower-case letters, digits, '.', '_', '-')", w.Engine)
-	}
-	if w.Override != "" {
-		if _, err := images.ParseOverride(w.Override); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // SetOverrides replaces the per-engine overrides that apply to wants
-// naming none of their own. An engine whose override changes is
-// provisioned again at once.
+// naming none of their own, in the provisioner's override source (which
+// must be an *Overrides: provision.WithOverrides(provision.NewOverrides())).
+// An engine whose override changes is provisioned again at once. On an
+// error nothing changes.
 func (l *Loop) SetOverrides(m map[string]string) error {
-	norm := make(map[string]string, len(m))
-	for engine, v := range m {
-		if !images.ValidEngineName(engine) {
-			return fmt.Errorf("%q is not an engine name (lower-case letters, digits, '.', '_', '-')", engine)
-		}
-		o, err := images.ParseOverride(v)
-		if err != nil {
-			return fmt.Errorf("engine %s: %w", engine, err)
-		}
-		norm[engine] = o.String()
+	ov, ok := l.p.opts.Overrides.(*Overrides)
+	if !ok {
+		return fmt.Errorf("the provisioner reads overrides from %T; the loop sets them only in a *provision.Overrides", l.p.opts.Overrides)
+	}
+	if err := ov.Replace(m); err != nil {
+		return err
 	}
 	l.mu.Lock()
-	l.overrides = norm
 	for _, e := range l.entries {
-		if l.effective(e) != e.applied {
+		if l.overrideChanged(e) {
 			l.changed(e)
 		}
 	}
@@ -246,15 +212,27 @@ func (l *Loop) SetOverrides(m map[string]string) error {
 	return nil
 }
 
-// Overrides returns the overrides the loop holds.
-func (l *Loop) Overrides() map[string]string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make(map[string]string, len(l.overrides))
-	for k, v := range l.overrides {
-		out[k] = v
+// overrideChanged reports whether the override that applies to an entry's
+// engine now is not the one its last provision ran under. The engine's
+// name is the one that provision's plan gave.
+func (l *Loop) overrideChanged(e *entry) bool {
+	if e.want.Override != "" || e.engine == "" {
+		return false // its own override; or not yet planned, and due anyway
 	}
-	return out
+	o, ok, err := l.p.opts.Overrides.Override(e.engine)
+	now := "auto"
+	if err == nil && ok {
+		now = o.String()
+	}
+	return now != e.status.Override
+}
+
+// Overrides returns the overrides the loop's provisioner holds.
+func (l *Loop) Overrides() map[string]string {
+	if ov, ok := l.p.opts.Overrides.(*Overrides); ok {
+		return ov.Map()
+	}
+	return map[string]string{}
 }
 
 // Wants returns the wanted engines, in order.
@@ -382,7 +360,7 @@ func (l *Loop) drain(results chan loopResult) {
 // checkNode reads the node's facts; a new fingerprint makes every engine
 // due, and Provision re-proves a pin made under another fingerprint.
 func (l *Loop) checkNode(ctx context.Context) {
-	facts, err := l.p.node.Read(ctx)
+	facts, err := l.p.opts.Node.Read(ctx)
 	if err != nil {
 		l.opts.Logger.Warn("read node facts", "err", err)
 		return
@@ -437,9 +415,7 @@ func (l *Loop) launch(ctx context.Context, now time.Time, results chan<- loopRes
 		}
 		rctx, cancel := context.WithCancel(ctx)
 		e.running = &loopRun{gen: e.gen, cancel: cancel}
-		e.applied = l.effective(e)
 		w := e.want
-		w.Override = e.applied
 		key, gen := keys[e], e.gen
 		l.inFlight++
 		go func() {
@@ -483,9 +459,9 @@ func (l *Loop) finish(r loopResult) {
 		e.failures = 0
 		e.due = now.Add(l.opts.Recheck)
 	}
-	// The image named its engine, and the overrides file says otherwise
-	// under that name: once more, now.
-	if l.effective(e) != e.applied {
+	// The overrides changed while it ran, under the name its plan gave the
+	// engine: once more, now.
+	if l.overrideChanged(e) {
 		l.gens++
 		e.gen = l.gens
 		e.due = time.Time{}
@@ -603,32 +579,15 @@ func (l *Loop) report(sts []Status) {
 
 func (l *Loop) pending(e *entry) Status {
 	w := e.want
-	return Status{Key: w.Key(), Engine: l.engineOf(e), Version: w.Version, Ref: w.Ref, Override: l.effective(e),
+	return Status{Key: w.Key(), Engine: l.engineOf(e), Version: w.Version, Ref: w.Ref, Override: w.Override,
 		State: Pending, Detail: "waiting for its first pass", At: l.opts.Clock.Now()}
 }
 
-// effective is the override a want runs under: its own, else the loop's
-// override of its engine, else auto.
-func (l *Loop) effective(e *entry) string {
-	if e.want.Override != "" {
-		o, _ := images.ParseOverride(e.want.Override)
-		return o.String()
-	}
-	if v, ok := l.overrides[l.engineOf(e)]; ok {
-		return v
-	}
-	return "auto"
-}
-
+// engineOf is the engine's name as the want gives it, else as the last
+// provision's plan named it; "" before the first.
 func (l *Loop) engineOf(e *entry) string {
 	if e.want.Engine != "" {
 		return e.want.Engine
 	}
-	if e.engine != "" {
-		return e.engine
-	}
-	if r, err := images.ParseReference(e.want.Ref, nil); err == nil {
-		return images.EngineFromRepo(r)
-	}
-	return ""
+	return e.engine
 }

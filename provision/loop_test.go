@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/provision"
 )
@@ -169,7 +168,7 @@ type loopEnv struct {
 func startLoop(t *testing.T, e *env, lo provision.LoopOptions) *loopEnv {
 	t.Helper()
 	le := &loopEnv{env: e, rec: newRecorder(), clk: newFakeClock()}
-	e.p = provision.New(e.rt, &images.Resolver{}, e.node, provision.Options{ProbeTimeout: 30 * time.Second, ProbeDir: t.TempDir(), Now: le.clk.Now})
+	e.p = provision.New(e.rt, testOptions(t, e.node, provision.WithOverrides(provision.NewOverrides()), provision.WithClock(le.clk.Now))...)
 	lo.Clock, lo.OnChange, lo.OnResult = le.clk, le.rec.change, le.rec.result
 	le.loop = provision.NewLoop(e.p, lo)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -200,7 +199,7 @@ func (le *loopEnv) settle(t *testing.T) {
 }
 
 func TestLoopSimulatedWantChangeProvisionsAtOnce(t *testing.T) {
-	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129}, nil)
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129})
 	le := startLoop(t, e, provision.LoopOptions{})
 	le.settle(t) // idle with nothing wanted: the next step is the want alone
 
@@ -277,7 +276,7 @@ func equalStates(a, b []provision.State) bool {
 }
 
 func TestLoopSimulatedOverrideChangeTakesEffectAtOnce(t *testing.T) {
-	e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{cu13, cu129}, nil)
+	e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{cu13, cu129})
 	le := startLoop(t, e, provision.LoopOptions{})
 	if err := le.loop.SetWants([]provision.Want{{Engine: "demo", Version: "1.0", Ref: e.ref}}); err != nil {
 		t.Fatal(err)
@@ -320,7 +319,7 @@ func TestLoopSimulatedOverrideChangeTakesEffectAtOnce(t *testing.T) {
 }
 
 func TestLoopSimulatedDriverUpgradeReproves(t *testing.T) {
-	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129}, nil)
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129})
 	le := startLoop(t, e, provision.LoopOptions{NodeCheck: time.Minute})
 	if err := le.loop.SetWants([]provision.Want{{Ref: e.ref}}); err != nil {
 		t.Fatal(err)
@@ -352,7 +351,7 @@ func TestLoopSimulatedDriverUpgradeReproves(t *testing.T) {
 func TestLoopSimulatedFailingProbeBacksOff(t *testing.T) {
 	bad := cu129
 	bad.SimProbe = "fail"
-	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{bad}, nil)
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{bad})
 	// Only the engine's own schedule arms the clock: the node is read at
 	// each wake, and on its own only hourly.
 	le := startLoop(t, e, provision.LoopOptions{RetryMin: time.Minute, Recheck: 10 * time.Minute, NodeCheck: time.Hour})
@@ -432,7 +431,7 @@ func TestLoopSimulatedFailingProbeBacksOff(t *testing.T) {
 }
 
 func TestLoopSimulatedRegistryDownKeepsReady(t *testing.T) {
-	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129}, nil)
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129})
 	le := startLoop(t, e, provision.LoopOptions{Recheck: 10 * time.Minute, NodeCheck: time.Hour})
 	if err := le.loop.SetWants([]provision.Want{{Ref: e.ref}}); err != nil {
 		t.Fatal(err)

@@ -5,25 +5,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
-	"path/filepath"
-	"strings"
+	"sync"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
+	"github.com/gpupin/gpupin/registry"
 	"github.com/gpupin/gpupin/runtime"
 )
 
-// Runtime is what provisioning needs of containerd.
+// Runtime is what provisioning needs of containerd (runtime.Runtime).
 type Runtime interface {
 	Pins(ctx context.Context) ([]runtime.Pin, error)
-	SetPin(ctx context.Context, p runtime.Pin) error
+	SetPin(ctx context.Context, p runtime.Pin, opts runtime.SetPinOptions) error
 	WithLease(ctx context.Context, fn func(ctx context.Context) error) error
 	Pull(ctx context.Context, ref string, opts runtime.PullOptions) (runtime.Pulled, error)
 	ImageConfig(ctx context.Context, name, platform string) (ocispec.ImageConfig, error)
@@ -31,71 +30,47 @@ type Runtime interface {
 	DiscardCandidate(ctx context.Context, name string) error
 }
 
-// Resolver reads a reference down to its variants.
+// Resolver reads a reference down to its variants (images.Resolver).
 type Resolver interface {
 	Resolve(ctx context.Context, ref string) (*images.Set, error)
 }
 
-// Options tune provisioning.
-type Options struct {
-	ProbeTimeout time.Duration // default 10m
-	ProbeMemory  uint64        // bytes, default 16 GiB: torch and an engine import are large
-	ProbePids    int64         // default 4096
-	// GPUs for the probe container; default CDI, all GPUs (none on a simulated node).
-	GPUs *runtime.GPUs
-	// ProbeDir is where probe programs are staged on the host.
-	ProbeDir        string
-	CUDAProbeBinary string
-	// DefaultProbe is --probe: used when neither annotation nor engine decides.
-	DefaultProbe string
-	// Progress receives pull progress.
-	Progress func(key string, p runtime.Progress)
-	// LockDir holds the per-engine file locks that keep two processes from
-	// provisioning one engine at once; "" means no cross-process lock.
-	LockDir string
-	// OverrideFor gives the operator's override of an engine when a want
-	// names none (the overrides file).
-	OverrideFor func(engine string) (images.Override, bool)
-	// OnState sees every state change of every provision.
-	OnState func(Status)
-	Logger  *slog.Logger
-	Now     func() time.Time
-}
-
 // Provisioner provisions wants on one node.
 type Provisioner struct {
-	rt       Runtime
-	resolver Resolver
-	node     node.Reader
-	opts     Options
-	flight   singleflight.Group
+	rt     Runtime
+	opts   config
+	flight singleflight.Group
+	keys   keyLocks
 }
 
-// New makes a Provisioner.
-func New(rt Runtime, resolver Resolver, nodes node.Reader, opts Options) *Provisioner {
-	if opts.ProbeTimeout == 0 {
-		opts.ProbeTimeout = 10 * time.Minute
+// New makes a Provisioner over a runtime. Its defaults are the CLI's: NVML
+// for node facts, the overrides file, the shared lock directory, and
+// manifests read through the runtime's registry policy.
+func New(rt Runtime, opts ...Option) *Provisioner {
+	c := defaults()
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
 	}
-	if opts.ProbeMemory == 0 {
-		opts.ProbeMemory = 16 << 30
+	if c.Resolver == nil {
+		var remote images.Remote
+		if r, ok := rt.(interface{ Registry() *registry.Policy }); ok {
+			remote = r.Registry()
+		}
+		c.Resolver = &images.Resolver{Remote: remote}
 	}
-	if opts.ProbePids == 0 {
-		opts.ProbePids = 4096
+	if c.Node == nil {
+		c.Node = node.NewReader()
 	}
-	if opts.ProbeDir == "" {
-		opts.ProbeDir = filepath.Join(os.TempDir(), "gpupin-probe")
+	if c.Overrides == nil {
+		c.Overrides = NoOverrides()
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
-	return &Provisioner{rt: rt, resolver: resolver, node: nodes, opts: opts}
+	return &Provisioner{rt: rt, opts: c}
 }
 
 // Provision brings one want to a pinned, proved image, or says why not.
-// Two calls for the same engine at once share one piece of work.
+// Two calls for the same want at once share one piece of work.
 func (p *Provisioner) Provision(ctx context.Context, w Want) Status {
 	for {
 		v, _, shared := p.flight.Do(w.Key()+"\x00"+w.Override, func() (any, error) {
@@ -117,148 +92,82 @@ func (p *Provisioner) Provision(ctx context.Context, w Want) Status {
 // statuses in the order of wants.
 func (p *Provisioner) Converge(ctx context.Context, wants []Want) []Status {
 	out := make([]Status, len(wants))
-	sem := make(chan struct{}, 2)
-	done := make(chan struct{})
+	var g errgroup.Group
+	g.SetLimit(2)
 	for i, w := range wants {
-		go func() {
-			sem <- struct{}{}
+		g.Go(func() error {
 			out[i] = p.Provision(ctx, w)
-			<-sem
-			done <- struct{}{}
-		}()
+			return nil
+		})
 	}
-	for range wants {
-		<-done
-	}
+	g.Wait()
 	return out
 }
 
 func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 	start := p.opts.Now()
-	st = Status{Key: w.Key(), Engine: w.Engine, Version: w.Version, Ref: w.Ref, State: Pending}
+	st = Status{Key: w.Key(), Engine: w.Engine, Version: w.Version, Ref: w.Ref, Override: w.Override, State: Pending}
 	defer func() {
 		st.Duration = p.opts.Now().Sub(start)
 		st.At = p.opts.Now()
 		p.emit(st)
 	}()
-	ov, err := images.ParseOverride(w.Override)
+	if err := ValidateWant(w); err != nil {
+		return st.fail(err)
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, p.opts.Timeout, fmt.Errorf("provision took longer than %s (provision timeout)", p.opts.Timeout))
+	defer cancel()
+	facts, err := p.opts.Node.Read(ctx)
 	if err != nil {
-		return st.fail("%v", err)
-	}
-	guess := w.Engine
-	if guess == "" {
-		if r, err := images.ParseReference(w.Ref, nil); err == nil {
-			guess = images.EngineFromRepo(r)
-		}
-	}
-	fromFile := w.Override == "" && p.opts.OverrideFor != nil
-	if fromFile {
-		if o, ok := p.opts.OverrideFor(guess); ok {
-			ov = o
-		}
-	}
-	st.Override = ov.String()
-	if st.Engine == "" {
-		// Provisional names until the image's metadata says better.
-		st.Engine = guess
-	}
-	if st.Version == "" {
-		if r, err := images.ParseReference(w.Ref, nil); err == nil && !strings.HasPrefix(r.Identifier(), "sha256:") {
-			st.Version = r.Identifier()
-		}
-	}
-	if st.Engine != "" && st.Version != "" {
-		st.Key = st.Engine + ":" + st.Version
-	}
-	unlock, err := lockEngine(ctx, p.opts.LockDir, guess)
-	if err != nil {
-		return st.fail("%v", err)
-	}
-	defer unlock()
-	facts, err := p.node.Read(ctx)
-	if err != nil {
-		return st.fail("read node facts: %v", err)
+		return st.fail(fmt.Errorf("read node facts: %w", err))
 	}
 	st.Simulated = facts.Simulated
-	if !facts.Supported() {
-		st.State, st.Detail = Unsupported, "unsupported: "+facts.Unsupported
-		return st
-	}
-	if ov.Kind == images.OverrideNone {
-		st.State, st.Detail = Disabled, "override is none: this node does not run this engine (its pin, if any, is kept until gc)"
-		return st
-	}
-
-	// Installed wins: a pin proved on these very GPUs and driver is used as
-	// it is, without the registry, so a registry outage cannot stop a node
-	// that was already provisioned.
 	pins, err := p.rt.Pins(ctx)
 	if err != nil {
-		return st.fail("%v", err)
+		return st.fail(err)
 	}
-	if pin := matchPin(pins, w, ov); holds(pin, facts) {
-		return st.ready(*pin, true, "pinned "+pin.Ref+" (proved "+pin.ProbedAt.Format(time.RFC3339)+" on this node)")
-	}
-
-	source := w.Ref
-	if ov.Kind == images.OverrideImage {
-		source = ov.Image
-	}
-	set, err := p.resolver.Resolve(ctx, source)
+	st.State, st.Detail = Resolving, "resolving "+w.Ref
+	p.emit(st)
+	pl, err := p.plan(ctx, w, facts, pins)
 	if err != nil {
-		return st.fail("%v", err)
+		return st.fail(cause(ctx, err))
 	}
-	p.name(&st, w, set)
-	if fromFile && st.Engine != guess {
-		// The image named its engine: the operator's override is filed under that name.
-		if o, ok := p.opts.OverrideFor(st.Engine); ok && o != ov {
-			ov = o
-			st.Override = ov.String()
-			if ov.Kind == images.OverrideNone {
-				st.State, st.Detail = Disabled, "override is none: this node does not run this engine (its pin, if any, is kept until gc)"
-				return st
-			}
-			if ov.Kind == images.OverrideImage {
-				if set, err = p.resolver.Resolve(ctx, ov.Image); err != nil {
-					return st.fail("%v", err)
-				}
-			}
-		}
-	}
-	// The want may have named only a reference: now that the key is known,
-	// a pin under it may answer after all.
-	if pin := matchPin(pins, Want{Engine: st.Engine, Version: st.Version, Ref: w.Ref}, ov); holds(pin, facts) {
-		return st.ready(*pin, true, "pinned "+pin.Ref+" (proved on this node)")
-	}
-
-	choice := ov
-	if ov.Kind == images.OverrideImage {
-		// The operator's image still has to suit the node, and is still probed.
-		choice = images.Override{Kind: images.OverrideAuto}
-	}
-	plan := images.Choose(facts, set, choice)
-	st.Rejected = plan.Rejected
-	switch plan.Outcome {
+	st.Engine, st.Version, st.Key = pl.Engine, pl.Version, pl.Key
+	st.Override, st.Rejected = pl.Override, pl.Rejected
+	switch pl.Outcome {
+	case OutcomePinned:
+		return st.ready(*pl.Pinned, true, pl.Detail)
 	case images.OutcomeUnsupported:
-		st.State, st.Detail = Unsupported, plan.Detail
+		st.State, st.Detail, st.Err = Unsupported, pl.Detail, pl.Err
 		return st
-	case images.OutcomeNoCandidate:
-		var reasons []string
-		for _, r := range plan.Rejected {
-			reasons = append(reasons, r.Reason)
-		}
-		if len(reasons) > 0 {
-			return st.fail("%s: %s", plan.Detail, strings.Join(reasons, "; "))
-		}
-		return st.fail("%s", plan.Detail)
+	case images.OutcomeNone:
+		st.State, st.Detail, st.Err = Disabled, pl.Detail, pl.Err
+		return st
+	case images.OutcomeNoCandidate, OutcomeConflict:
+		return st.fail(pl.Err)
 	}
 
-	if old := pinOf(pins, st.Key); facts.Simulated && old != nil && !old.Simulated {
-		// Decided before any pull: every pass would end the same way.
-		return st.fail("a simulated probe never replaces %s, which was proved on hardware; use a namespace of its own for simulated runs", old.Ref)
+	// One provision of a key at a time, across wants and processes; under
+	// the lock, what another one did meanwhile counts.
+	unlock, err := p.lock(ctx, pl.Key)
+	if err != nil {
+		return st.fail(cause(ctx, err))
 	}
-	for _, c := range plan.Candidates {
-		pin, verdict, attempt := p.try(ctx, &st, c, w, ov, facts)
+	defer unlock()
+	if pins, err = p.rt.Pins(ctx); err != nil {
+		return st.fail(err)
+	}
+	if pin, err := p.pinFor(w, pins, facts); err != nil {
+		return st.fail(err)
+	} else if pin != nil {
+		return st.ready(*pin, true, fmt.Sprintf("pinned %s (%s) by another provision meanwhile", pin.Ref, pin.Variant))
+	}
+	if err := checkHeld(pl, w, pins, facts); err != nil {
+		return st.fail(err)
+	}
+
+	for _, c := range pl.Candidates {
+		pin, verdict, attempt := p.try(ctx, &st, pl, c, w, facts)
 		if attempt == nil {
 			st.Verdict = verdict
 			msg := fmt.Sprintf("pinned %s (%s), probe passed", pin.Ref, c.Variant)
@@ -267,51 +176,72 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 			}
 			return st.ready(pin, false, msg)
 		}
+		if ctx.Err() != nil {
+			attempt.Reason = cause(ctx, errors.New(attempt.Reason)).Error()
+		}
 		st.Attempts = append(st.Attempts, *attempt)
 		p.opts.Logger.Warn("candidate failed", "key", st.Key, "variant", c.Variant, "stage", attempt.Stage, "reason", firstLine(attempt.Reason))
-		if ctx.Err() != nil || ov.Kind != images.OverrideAuto {
-			break // a forced variant or image gets no fallback
+		if ctx.Err() != nil || pl.override.Kind == images.OverrideVariant {
+			// A forced variant gets no fallback; an operator's image is
+			// chosen among as auto chooses, so its next variant is tried.
+			break
 		}
 	}
 	detail := attemptsSummary(st.Attempts)
-	if len(plan.Candidates) > 1 {
+	if len(pl.Candidates) > 1 {
 		detail = fmt.Sprintf("all %d candidates failed: %s", len(st.Attempts), detail)
 	}
-	st = st.fail("%s", detail)
 	if old := pinOf(pins, st.Key); old != nil {
-		st.Detail += "; the earlier pin " + old.Ref + " is unchanged"
+		detail += "; the earlier pin " + old.Ref + " (" + old.Variant + ") is unchanged"
+		st = st.fail(attemptErrors(st.Attempts, detail))
 		if holds(old, facts) {
 			// Still proved on this node as it is: replicas may keep starting from it.
 			st.Pin, st.Pinned = old, old.Ref
 		}
+		return st
 	}
-	return st
+	return st.fail(attemptErrors(st.Attempts, detail))
+}
+
+// cause says why ctx ended, when it did: the provision timeout reads
+// better than "context deadline exceeded".
+func cause(ctx context.Context, err error) error {
+	if c := context.Cause(ctx); c != nil && !errors.Is(err, c) && !errors.Is(c, context.Canceled) {
+		return fmt.Errorf("%w: %v", err, c)
+	}
+	return err
 }
 
 // try pulls, probes and pins one candidate under a lease.
-func (p *Provisioner) try(ctx context.Context, st *Status, c images.Candidate, w Want, ov images.Override, facts *node.Facts) (runtime.Pin, *probe.Verdict, *Attempt) {
+func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Candidate, w Want, facts *node.Facts) (runtime.Pin, *probe.Verdict, *Attempt) {
 	var (
 		pin     runtime.Pin
 		verdict *probe.Verdict
 		attempt *Attempt
 	)
+	fail := func(stage string, err error, out string) {
+		attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: stage, Reason: err.Error(), Output: out, Err: err}
+	}
 	err := p.rt.WithLease(ctx, func(ctx context.Context) error {
 		st.State, st.Variant, st.Detail = Pulling, c.Variant, "pulling "+c.Ref
 		p.emit(*st)
-		pulled, err := p.rt.Pull(ctx, c.Ref, runtime.PullOptions{Platform: facts.Platform, Progress: func(pr runtime.Progress) {
+		watch := p.watchPull(ctx, *st)
+		pulled, err := p.rt.Pull(ctx, c.Ref, runtime.PullOptions{Platform: facts.Platform, MediaType: c.MediaType, Progress: func(pr runtime.Progress) {
+			watch.progress(pr)
 			if p.opts.Progress != nil {
 				p.opts.Progress(st.Key, pr)
 			}
 		}})
+		watch.stop()
 		if err != nil {
-			attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: "pull", Reason: err.Error()}
+			fail("pull", &PullError{Variant: c.Variant, Ref: c.Ref, Err: err}, "")
 			return nil
 		}
 		st.State, st.Detail = Probing, "probing "+pulled.Name
 		p.emit(*st)
 		v, out, err := p.Probe(ctx, pulled.Name, c.Meta, st.Engine, facts)
 		if err != nil {
-			attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: "probe", Reason: err.Error(), Output: out}
+			fail("probe", err, out)
 			if pulled.Created {
 				p.rt.DiscardCandidate(context.WithoutCancel(ctx), pulled.Name)
 			}
@@ -319,240 +249,94 @@ func (p *Provisioner) try(ctx context.Context, st *Status, c images.Candidate, w
 		}
 		verdict = v
 		st.ProbeOutput = out
+		kind := fmt.Sprint(v.Runtime["probe"]) // the probe that ran, the emulator included
+		if v.Runtime["probe"] == nil {
+			k, _ := probe.Select(c.Meta.Probe, probe.EngineFamily(st.Engine), p.opts.DefaultProbe)
+			kind = string(k)
+		}
 		pin = runtime.Pin{
 			Key: st.Key, Ref: pulled.Name, Digest: pulled.Digest, Variant: c.Variant, Source: w.Ref,
-			Override: ov.String(), Node: facts.Fingerprint(), ProbedAt: p.opts.Now(),
-			Probe: compactVerdict(v), Simulated: facts.Simulated,
+			Override: pl.Override, Node: facts.Fingerprint(), ProbedAt: p.opts.Now(),
+			Probe: kind, Verdict: compactVerdict(v), Simulated: facts.Simulated,
 		}
 		// The pin is one update plus a demotion: once begun it is
 		// finished, whatever happens to the caller meanwhile.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		err = p.rt.SetPin(pctx, pin)
+		err = p.rt.SetPin(pctx, pin, runtime.SetPinOptions{Takeover: pl.NamedBy == NamedByWant})
 		cancel()
 		if err != nil {
-			attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: "pin", Reason: err.Error()}
-		}
-		if attempt != nil && pulled.Created {
-			p.rt.DiscardCandidate(context.WithoutCancel(ctx), pulled.Name)
+			fail("pin", err, "")
+			if pulled.Created {
+				p.rt.DiscardCandidate(context.WithoutCancel(ctx), pulled.Name)
+			}
 		}
 		return nil
 	})
 	if err != nil && attempt == nil {
-		attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: "lease", Reason: err.Error()}
+		fail("lease", err, "")
 	}
 	return pin, verdict, attempt
 }
 
-// Probe runs an image's probe in a container of that image (already
-// pulled, as the record named image), with the same box and checks a
-// provision uses, and pins nothing. It returns the verdict and the tail of
-// the probe's output. `gpupin probe` calls it alone.
-func (p *Provisioner) Probe(ctx context.Context, image string, meta images.Metadata, engine string, facts *node.Facts) (*probe.Verdict, string, error) {
-	if !facts.Simulated && !facts.Supported() {
-		return nil, "", fmt.Errorf("unsupported: %s", facts.Unsupported)
-	}
-	engine = probe.EngineFamily(engine)
-	kind, err := probe.Select(meta.Probe, engine, p.opts.DefaultProbe)
-	if err != nil {
-		return nil, "", err
-	}
-	gpus := runtime.GPUs{Mode: runtime.GPUCDI, Devices: []string{runtime.DefaultCDIDevice}}
-	popts := probe.Options{Dir: p.opts.ProbeDir, CUDAProbeBinary: p.opts.CUDAProbeBinary, Engine: engine}
-	if facts.Simulated {
-		// No GPU to prove on: the simulated probe emulates the verdict a
-		// real one would give for these facts, in the real container.
-		kind = probe.Sim
-		gpus = runtime.GPUs{Mode: runtime.GPUNone}
-		for _, g := range facts.GPUs {
-			popts.Sim.Devices = append(popts.Sim.Devices, probe.Device{Index: g.Index, UUID: g.UUID, Name: g.Name, CC: g.CC})
-		}
-		popts.Sim.NodeCUDA = facts.CUDA
-	}
-	if p.opts.GPUs != nil {
-		gpus = *p.opts.GPUs
-	}
-	if kind == probe.Exec {
-		argvLabel := meta.ProbeExec
-		if argvLabel == "" {
-			cfg, err := p.rt.ImageConfig(ctx, image, facts.Platform)
-			if err != nil {
-				return nil, "", err
+// pullWatch reports a pull that stopped moving, so a status says
+// "stalled 40s" rather than a bare "pulling" while the registry is silent.
+// Once every byte is in, the pull is unpacking, which is not a stall.
+type pullWatch struct {
+	mu        sync.Mutex
+	last      time.Time
+	done      int64
+	unpacking bool
+	stopped   chan struct{}
+}
+
+func (p *Provisioner) watchPull(ctx context.Context, st Status) *pullWatch {
+	w := &pullWatch{last: time.Now(), stopped: make(chan struct{})}
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		base := st.Detail
+		for {
+			select {
+			case <-w.stopped:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
 			}
-			argvLabel = cfg.Labels[images.AnnotationProbeExec]
-		}
-		if argvLabel != "" {
-			if popts.ExecArgv, err = probe.ParseExecLabel(argvLabel); err != nil {
-				return nil, "", err
+			w.mu.Lock()
+			idle, unpacking := time.Since(w.last).Truncate(time.Second), w.unpacking
+			w.mu.Unlock()
+			detail := base
+			switch {
+			case unpacking:
+				detail = base + " (unpacking)"
+			case idle >= 10*time.Second:
+				detail = fmt.Sprintf("%s (stalled %s)", base, idle)
+			}
+			if detail != st.Detail {
+				st.Detail = detail
+				p.emit(st)
 			}
 		}
-	}
-	prog, err := probe.Build(kind, popts)
-	if err != nil {
-		return nil, "", err
-	}
-	var mounts []runtime.Mount
-	for _, m := range prog.Mounts {
-		mounts = append(mounts, runtime.Mount{Source: m.Source, Destination: m.Destination})
-	}
-	res, err := p.rt.Run(ctx, runtime.RunSpec{
-		Image: image, Args: prog.Args, Env: prog.Env, Mounts: mounts, GPUs: gpus, Hardened: true, Role: "probe",
-		MemoryLimit: p.opts.ProbeMemory, PidsLimit: p.opts.ProbePids, Timeout: p.opts.ProbeTimeout,
-	})
-	if err != nil {
-		if errors.Is(err, runtime.ErrTimeout) {
-			f := probe.NewFailure(fmt.Sprintf("%s probe did not finish in %s and was killed", kind, p.opts.ProbeTimeout), res.Output)
-			return nil, f.Tail, f
-		}
-		return nil, probe.Tail(res.Output), fmt.Errorf("%s probe: %w", kind, err)
-	}
-	v, err := probe.Parse(res.Output, res.ExitCode)
-	if err != nil {
-		return nil, probe.Tail(res.Output), err
-	}
-	if allGPUs(gpus) {
-		// The pin will say "proved on these GPUs": every one of them.
-		if missing := uncovered(facts.GPUs, v.Devices); len(missing) > 0 {
-			f := probe.NewFailure(fmt.Sprintf("the probe did not compute on all of the node's %d GPUs; missing %s (is CUDA_VISIBLE_DEVICES set in the image, or the CDI spec stale?)",
-				len(facts.GPUs), strings.Join(missing, ", ")), res.Output)
-			return nil, f.Tail, f
-		}
-	}
-	v.Simulated = facts.Simulated
-	return v, probe.Tail(res.Output), nil
+	}()
+	return w
 }
 
-func (p *Provisioner) name(st *Status, w Want, set *images.Set) {
-	// The image's own metadata names it better than its repository and tag.
-	for _, v := range set.Variants {
-		if w.Engine == "" && v.Engine != "" {
-			st.Engine = v.Engine
-		}
-		if w.Version == "" && v.EngineVersion != "" {
-			st.Version = v.EngineVersion
-		}
+func (w *pullWatch) progress(pr runtime.Progress) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if pr.Done != w.done {
+		w.done, w.last = pr.Done, time.Now()
 	}
-	if st.Engine == "" || st.Version == "" {
-		if ref, err := images.ParseReference(w.Ref, nil); err == nil {
-			if st.Engine == "" {
-				st.Engine = images.EngineFromRepo(ref)
-			}
-			if st.Version == "" {
-				st.Version = ref.Identifier()
-				if strings.HasPrefix(st.Version, "sha256:") {
-					st.Version = st.Version[:19]
-				}
-			}
-		}
-	}
-	st.Key = st.Engine + ":" + st.Version
+	w.unpacking = pr.Layers > 0 && pr.Total > 0 && pr.Done >= pr.Total
 }
 
-// matchPin finds the pin a want already has: by engine:version when known,
-// else by the reference it was provisioned from; the override must match
-// too, since a pin made under another override answers another question.
-func matchPin(pins []runtime.Pin, w Want, ov images.Override) *runtime.Pin {
-	for i := range pins {
-		pin := &pins[i]
-		if pin.Override != ov.String() {
-			continue
-		}
-		if w.Engine != "" && w.Version != "" {
-			if pin.Key == w.Key() && pin.Source == w.Ref {
-				return pin
-			}
-			continue
-		}
-		if pin.Source == w.Ref {
-			return pin
-		}
-	}
-	return nil
-}
-
-// holds reports whether a pin was proved on this node as it is now: the
-// same driver and GPUs, and proved the same way — a pin made by the
-// simulated probe never stands for a proof on hardware, nor the reverse.
-func holds(pin *runtime.Pin, facts *node.Facts) bool {
-	return pin != nil && pin.Node == facts.Fingerprint() && pin.Simulated == facts.Simulated
-}
-
-// allGPUs reports whether a probe run was given every GPU of the node.
-func allGPUs(g runtime.GPUs) bool {
-	switch g.Mode {
-	case runtime.GPUCDI:
-		return len(g.Devices) == 1 && g.Devices[0] == runtime.DefaultCDIDevice
-	case runtime.GPUNvidiaRuntime:
-		return len(g.Devices) == 0 || (len(g.Devices) == 1 && g.Devices[0] == "all")
-	case runtime.GPUNone:
-		return true // the simulated probe reports the node's GPUs
-	}
-	return false
-}
-
-// uncovered lists the node's GPUs a verdict does not report. Devices are
-// matched by UUID; a verdict whose devices carry no UUIDs (an image's own
-// self-test may not print them) is held to the count instead. Under MIG the
-// probe sees instances, not GPUs: there it must have seen at least as many
-// devices as the node has GPUs.
-func uncovered(gpus []node.GPU, devs []probe.Device) []string {
-	seen := map[string]bool{}
-	withUUID := 0
-	for _, d := range devs {
-		if d.UUID != "" {
-			seen[strings.ToLower(d.UUID)] = true
-			withUUID++
-		}
-	}
-	mig := false
-	for _, g := range gpus {
-		mig = mig || g.MIG == "enabled"
-	}
-	if mig || withUUID < len(devs) || withUUID == 0 {
-		if len(devs) >= len(gpus) {
-			return nil
-		}
-		return []string{fmt.Sprintf("%d of them (it reported %d devices)", len(gpus)-len(devs), len(devs))}
-	}
-	var missing []string
-	for _, g := range gpus {
-		if !seen[strings.ToLower(g.UUID)] {
-			missing = append(missing, fmt.Sprintf("GPU %d (%s, %s)", g.Index, g.Name, g.UUID))
-		}
-	}
-	return missing
-}
-
-func pinOf(pins []runtime.Pin, key string) *runtime.Pin {
-	for i := range pins {
-		if pins[i].Key == key {
-			return &pins[i]
-		}
-	}
-	return nil
-}
+func (w *pullWatch) stop() { close(w.stopped) }
 
 func (p *Provisioner) emit(st Status) {
-	if p.opts.OnState != nil {
-		p.opts.OnState(st)
+	for _, fn := range p.opts.OnState {
+		fn(st)
 	}
-}
-
-func (st Status) fail(format string, args ...any) Status {
-	st.State = Failed
-	st.Detail = fmt.Sprintf(format, args...)
-	return st
-}
-
-func (st Status) ready(pin runtime.Pin, fromPin bool, detail string) Status {
-	st.State, st.Detail, st.FromPin = Ready, detail, fromPin
-	st.Pin, st.Pinned, st.Variant = &pin, pin.Ref, pin.Variant
-	if st.Engine == "" || st.Version == "" {
-		if e, v, ok := strings.Cut(pin.Key, ":"); ok {
-			st.Engine, st.Version = e, v
-		}
-	}
-	st.Key = pin.Key
-	return st
 }
 
 // compactVerdict is the verdict as the pin's label keeps it: small.
@@ -563,12 +347,25 @@ func compactVerdict(v *probe.Verdict) string {
 		TFLOPS float64 `json:"tflops"`
 	}
 	c := struct {
-		OK        bool  `json:"ok"`
-		Devices   []dev `json:"devices"`
-		Simulated bool  `json:"simulated,omitempty"`
+		OK        bool     `json:"ok"`
+		Devices   []dev    `json:"devices"`
+		Simulated bool     `json:"simulated,omitempty"`
+		Checks    []string `json:"simulated_checks,omitempty"`
 	}{OK: v.OK, Simulated: v.Simulated}
 	for _, d := range v.Devices {
 		c.Devices = append(c.Devices, dev{d.Index, d.CC, d.TFLOPS})
+	}
+	// Bounded, so the label stays whole JSON: an exec self-test may list
+	// any number of checks.
+	for i, s := range v.SimulatedChecks {
+		if i == 8 {
+			c.Checks = append(c.Checks, fmt.Sprintf("… and %d more", len(v.SimulatedChecks)-8))
+			break
+		}
+		if len(s) > 120 {
+			s = s[:117] + "..."
+		}
+		c.Checks = append(c.Checks, s)
 	}
 	b, _ := json.Marshal(c)
 	return string(b)

@@ -35,18 +35,21 @@ type env struct {
 	ref  string
 }
 
-func setup(t *testing.T, facts *node.Facts, variants []sandbox.EngineVariant, mod func(*provision.Options)) *env {
+// testOptions keep a test to itself: no overrides file, a lock directory
+// of its own.
+func testOptions(t *testing.T, nodes node.Reader, extra ...provision.Option) []provision.Option {
+	return append([]provision.Option{provision.WithNode(nodes), provision.WithOverrides(provision.NoOverrides()),
+		provision.WithLockDir(t.TempDir()), provision.WithProbeTimeout(30 * time.Second), provision.WithProbeDir(t.TempDir())}, extra...)
+}
+
+func setup(t *testing.T, facts *node.Facts, variants []sandbox.EngineVariant, extra ...provision.Option) *env {
 	t.Helper()
 	e := &env{reg: testenv.Registry(t), rt: testenv.Runtime(t), node: testenv.NewNode(facts)}
 	if _, err := sandbox.PublishEngine(context.Background(), e.reg.Host, "demo", "1.0", variants); err != nil {
 		t.Fatal(err)
 	}
 	e.ref = e.reg.Host + "/demo:1.0"
-	opts := provision.Options{ProbeTimeout: 30 * time.Second, ProbeDir: t.TempDir()}
-	if mod != nil {
-		mod(&opts)
-	}
-	e.p = provision.New(e.rt, &images.Resolver{}, e.node, opts)
+	e.p = provision.New(e.rt, testOptions(t, e.node, extra...)...)
 	return e
 }
 
@@ -67,7 +70,7 @@ func (e *env) childRef(t *testing.T, variant string) string {
 
 func TestProvisionSimulatedPicksVariantAndPinsIt(t *testing.T) {
 	ctx := context.Background()
-	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129}, nil)
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129})
 	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
 	if st.State != provision.Ready {
 		t.Fatalf("state %s: %s", st.State, st.Detail)
@@ -107,8 +110,8 @@ func TestProvisionSimulatedPicksVariantAndPinsIt(t *testing.T) {
 	if _, err := time.Parse(time.RFC3339, img.Labels[runtime.LabelProbedAt]); err != nil {
 		t.Errorf("probed-at label %q: %v", img.Labels[runtime.LabelProbedAt], err)
 	}
-	if !strings.Contains(img.Labels[runtime.LabelProbe], `"ok":true`) {
-		t.Errorf("probe label %q", img.Labels[runtime.LabelProbe])
+	if !strings.Contains(img.Labels[runtime.LabelVerdict], `"ok":true`) {
+		t.Errorf("verdict label %q", img.Labels[runtime.LabelVerdict])
 	}
 	assertNoLeftovers(t, e.rt)
 }
@@ -117,7 +120,7 @@ func TestProvisionSimulatedAutoFallsBack(t *testing.T) {
 	ctx := context.Background()
 	bad := cu13
 	bad.SimProbe = "fail"
-	e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{bad, cu129}, nil)
+	e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{bad, cu129})
 	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
 	if st.State != provision.Ready || st.Variant != "cu129" {
 		t.Fatalf("state %s variant %s: %s", st.State, st.Variant, st.Detail)
@@ -139,7 +142,7 @@ func TestProvisionSimulatedForcedVariantFailsWithoutPin(t *testing.T) {
 	ctx := context.Background()
 	bad := cu13
 	bad.SimProbe = "fail"
-	e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{bad, cu129}, nil)
+	e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{bad, cu129})
 	st := e.p.Provision(ctx, provision.Want{Ref: e.ref, Override: "cu13"})
 	if st.State != provision.Failed || len(st.Attempts) != 1 {
 		t.Fatalf("state %s attempts %+v: %s", st.State, st.Attempts, st.Detail)
@@ -172,7 +175,7 @@ devices:
 		t.Fatal(err)
 	}
 	gpus := runtime.GPUs{Mode: runtime.GPUCDI, Devices: []string{runtime.DefaultCDIDevice}}
-	e.p = provision.New(e.rt, &images.Resolver{}, e.node, provision.Options{GPUs: &gpus, ProbeDir: t.TempDir()})
+	e.p = provision.New(e.rt, testOptions(t, e.node, provision.WithGPUs(gpus))...)
 	st := e.p.Provision(ctx, provision.Want{Ref: e.reg.Host + "/demo:1.0"})
 	if st.State != provision.Ready {
 		t.Fatalf("%s: %s", st.State, st.Detail)
@@ -188,7 +191,7 @@ func TestProvisionSimulatedProbeTimeoutLeavesNothing(t *testing.T) {
 	ctx := context.Background()
 	hang := cu129
 	hang.SimProbe = "hang"
-	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{hang}, func(o *provision.Options) { o.ProbeTimeout = 2 * time.Second })
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{hang}, provision.WithProbeTimeout(2*time.Second))
 	start := time.Now()
 	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
 	if st.State != provision.Failed || !strings.Contains(st.Detail, "did not finish in 2s") {
@@ -210,7 +213,7 @@ func TestProvisionSimulatedBadVerdicts(t *testing.T) {
 		t.Run(tc.mode, func(t *testing.T) {
 			v := cu129
 			v.SimProbe = tc.mode
-			e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{v}, nil)
+			e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{v})
 			st := e.p.Provision(context.Background(), provision.Want{Ref: e.ref})
 			if tc.mode == "big" {
 				// A flood of output before a good line: capped, and still read.
@@ -235,7 +238,7 @@ func TestProvisionSimulatedBadVerdicts(t *testing.T) {
 
 func TestReprovisionSimulatedFailureKeepsPinAndSameNodeNeedsNoRegistry(t *testing.T) {
 	ctx := context.Background()
-	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129}, nil)
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129})
 	first := e.p.Provision(ctx, provision.Want{Ref: e.ref})
 	if first.State != provision.Ready {
 		t.Fatalf("%s: %s", first.State, first.Detail)
@@ -288,7 +291,7 @@ func TestProvisionSimulatedConcurrentSameEngineOnePull(t *testing.T) {
 	ld, _ := layer.Digest()
 	v := cu129
 	v.Layers = []v1.Layer{layer}
-	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{v}, nil)
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{v})
 	e.reg.Reset()
 	var wg sync.WaitGroup
 	sts := make([]provision.Status, 4)
@@ -345,7 +348,7 @@ func assertNoLeftovers(t *testing.T, rt *runtime.Runtime) {
 
 func TestProvisionSimulatedFailedOverrideKeepsServingEarlierPin(t *testing.T) {
 	ctx := context.Background()
-	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129}, nil)
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu13, cu129})
 	first := e.p.Provision(ctx, provision.Want{Ref: e.ref})
 	if first.State != provision.Ready {
 		t.Fatalf("%s: %s", first.State, first.Detail)
@@ -371,14 +374,14 @@ func TestProvisionSimulatedFailedOverrideKeepsServingEarlierPin(t *testing.T) {
 
 func TestProvisionSimulatedTwoProcessesOneEngineWait(t *testing.T) {
 	ctx := context.Background()
-	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu129}, nil)
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu129})
 	lockDir := t.TempDir()
 	// Another process holds the engine's lock: this provision waits for it.
-	release, err := provision.LockEngineForTest(ctx, lockDir, "demo")
+	release, err := provision.LockKeyForTest(ctx, lockDir, testenv.Namespace(t)+"\x00demo:1.0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := provision.New(e.rt, &images.Resolver{}, e.node, provision.Options{LockDir: lockDir, ProbeDir: t.TempDir()})
+	p := provision.New(e.rt, testOptions(t, e.node, provision.WithLockDir(lockDir))...)
 	done := make(chan provision.Status, 1)
 	go func() { done <- p.Provision(ctx, provision.Want{Ref: e.ref}) }()
 	select {
@@ -390,12 +393,13 @@ func TestProvisionSimulatedTwoProcessesOneEngineWait(t *testing.T) {
 	if st := <-done; st.State != provision.Ready {
 		t.Fatalf("%s: %s", st.State, st.Detail)
 	}
-	// A cancelled wait says what it waited for.
-	release, _ = provision.LockEngineForTest(ctx, lockDir, "demo")
+	// A cancelled wait says what it waited for (under another override, so
+	// the pin just made does not answer).
+	release, _ = provision.LockKeyForTest(ctx, lockDir, testenv.Namespace(t)+"\x00demo:1.0")
 	defer release()
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if st := p.Provision(cctx, provision.Want{Ref: e.ref}); st.State != provision.Failed || !strings.Contains(st.Detail, "another gpupin") {
+	if st := p.Provision(cctx, provision.Want{Ref: e.ref, Override: "cu129"}); st.State != provision.Failed || !strings.Contains(st.Detail, "another gpupin") {
 		t.Fatalf("%s: %s", st.State, st.Detail)
 	}
 }
@@ -405,7 +409,7 @@ func TestProvisionSimulatedTwoProcessesOneEngineWait(t *testing.T) {
 // real node with the same facts.
 func TestProvisionSimulatedNeverReplacesHardwarePin(t *testing.T) {
 	ctx := context.Background()
-	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu129}, nil)
+	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu129})
 	child := e.childRef(t, "cu129")
 	if _, err := e.rt.Pull(ctx, child, runtime.PullOptions{}); err != nil {
 		t.Fatal(err)
@@ -413,8 +417,8 @@ func TestProvisionSimulatedNeverReplacesHardwarePin(t *testing.T) {
 	real := *h100("575.57.08", "12.9")
 	real.Simulated = false
 	hw := runtime.Pin{Key: "demo:1.0", Ref: child, Variant: "cu129", Source: e.ref, Override: "auto",
-		Node: real.Fingerprint(), ProbedAt: time.Now().Add(-time.Hour).Truncate(time.Second), Probe: `{"ok":true}`}
-	if err := e.rt.SetPin(ctx, hw); err != nil {
+		Node: real.Fingerprint(), ProbedAt: time.Now().Add(-time.Hour).Truncate(time.Second), Probe: "cuda", Verdict: `{"ok":true}`}
+	if err := e.rt.SetPin(ctx, hw, runtime.SetPinOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// Same driver and GPUs, but simulated: the hardware pin does not count
@@ -431,11 +435,11 @@ func TestProvisionSimulatedNeverReplacesHardwarePin(t *testing.T) {
 	// And the reverse (a namespace of its own): the real node does not take
 	// a simulated pin as proved.
 	t.Run("reverse", func(t *testing.T) {
-		e2 := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu129}, nil)
+		e2 := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu129})
 		if st := e2.p.Provision(ctx, provision.Want{Ref: e2.ref}); st.State != provision.Ready {
 			t.Fatalf("%s: %s", st.State, st.Detail)
 		}
-		realNode := provision.New(e2.rt, &images.Resolver{}, node.Static{Facts: &real}, provision.Options{ProbeDir: t.TempDir()})
+		realNode := provision.New(e2.rt, testOptions(t, node.Static{Facts: &real})...)
 		e2.reg.SetDown(true) // were the simulated pin trusted, no registry would be needed
 		if st := realNode.Provision(ctx, provision.Want{Ref: e2.ref}); st.FromPin || st.State == provision.Ready {
 			t.Fatalf("a real node took a simulated pin as proved: %s %s", st.State, st.Detail)

@@ -1,9 +1,13 @@
 // Package provision ties the parts together: from a wanted engine and the
 // node's facts to a pinned image that was seen to compute, with fallback,
 // one worker per engine, and a loop that converges on the wanted set.
+//
+// Start with New(rt, options...) and Provision or Converge; Plan says what
+// a provision would do without doing it; NewLoop keeps a node converged.
 package provision
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -15,12 +19,15 @@ import (
 
 // Want is an engine the caller wants on this node.
 type Want struct {
-	// Engine and Version name the pin (engine:version); when empty they
-	// come from the image's metadata, else its repository and tag.
+	// Engine and Version name the pin (engine:version). When both are
+	// given, the want owns that key and may move it from another source;
+	// when empty they come from the image's metadata, else its repository
+	// and tag, and never displace another source's pin.
 	Engine  string `json:"engine,omitempty"`
 	Version string `json:"version,omitempty"`
 	Ref     string `json:"ref"`
-	// Override is auto, none, a variant name or an image reference.
+	// Override is auto, none, a variant name or an image reference; empty
+	// means the operator's override of the engine, else auto.
 	Override string `json:"override,omitempty"`
 }
 
@@ -32,11 +39,39 @@ func (w Want) Key() string {
 	return w.Ref
 }
 
+// ValidateWant checks a want before anything is fetched: a reference that
+// parses, an engine and a version of the strict grammar pins are named
+// with, an override of one of the accepted forms.
+func ValidateWant(w Want) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidWant, fmt.Sprintf(format, args...))
+	}
+	if strings.TrimSpace(w.Ref) == "" {
+		return bad("ref is empty")
+	}
+	if _, err := images.ParseReference(w.Ref); err != nil {
+		return bad("ref: %v", err)
+	}
+	if w.Engine != "" && !images.ValidEngineName(w.Engine) {
+		return bad("engine %q is not an engine name (lower-case letters, digits, '.', '_', '-', at most 64)", w.Engine)
+	}
+	if w.Version != "" && !images.ValidEngineVersion(w.Version) {
+		return bad("version %q is not an engine version (letters, digits, '.', '_', '+', '-', at most 128)", w.Version)
+	}
+	if w.Override != "" {
+		if _, err := images.ParseOverride(w.Override); err != nil {
+			return bad("override: %v", err)
+		}
+	}
+	return nil
+}
+
 // State is where a provision stands.
 type State string
 
 const (
 	Pending     State = "pending"
+	Resolving   State = "resolving"
 	Pulling     State = "pulling"
 	Probing     State = "probing"
 	Ready       State = "ready"
@@ -49,13 +84,14 @@ const (
 type Attempt struct {
 	Variant string `json:"variant"`
 	Ref     string `json:"ref"`
-	Stage   string `json:"stage"` // pull or probe
+	Stage   string `json:"stage"` // pull, probe, pin or lease
 	Reason  string `json:"reason"`
 	Output  string `json:"output,omitempty"` // tail of the probe's output
+	Err     error  `json:"-"`
 }
 
 // Status is the outcome of provisioning one want, with a detail a person
-// can act on.
+// can act on and, for every state but ready, an error to branch on.
 type Status struct {
 	Key      string `json:"key"`
 	Engine   string `json:"engine"`
@@ -67,7 +103,7 @@ type Status struct {
 	Variant  string `json:"variant,omitempty"`
 	// Pinned is the repo@sha256:… replicas start from. A failed status
 	// carries it too when an earlier pin, proved on this node as it is,
-	// stays in place.
+	// stays in place (Pin says which, with its own variant).
 	Pinned  string         `json:"pinned,omitempty"`
 	Pin     *runtime.Pin   `json:"pin,omitempty"`
 	Verdict *probe.Verdict `json:"verdict,omitempty"`
@@ -75,7 +111,9 @@ type Status struct {
 	ProbeOutput string             `json:"probe_output,omitempty"`
 	Attempts    []Attempt          `json:"attempts,omitempty"`
 	Rejected    []images.Rejection `json:"rejected,omitempty"`
-	Simulated   bool               `json:"simulated"`
+	// Conflict is set when the key is held from another source.
+	Conflict  *ConflictError `json:"conflict,omitempty"`
+	Simulated bool           `json:"simulated"`
 	// Cancelled is true when the caller's context ended the provision:
 	// the status answers nothing about the image.
 	Cancelled bool `json:"cancelled,omitempty"`
@@ -83,6 +121,11 @@ type Status struct {
 	FromPin  bool          `json:"from_pin"`
 	Duration time.Duration `json:"duration_ns"`
 	At       time.Time     `json:"at"`
+	// Err classes the outcome: ErrNoCandidate, ErrUnsupported,
+	// ErrDisabled, ErrConflict, ErrAllFailed (with *PullError or
+	// *probe.Failure of the attempts beneath), ErrInvalidWant. nil when
+	// ready or still under way.
+	Err error `json:"-"`
 }
 
 func (s Status) String() string {
@@ -97,6 +140,25 @@ func (s Status) String() string {
 	return b.String()
 }
 
+func (s Status) fail(err error) Status {
+	s.State, s.Detail, s.Err = Failed, err.Error(), err
+	var c *ConflictError
+	if errors.As(err, &c) {
+		s.Conflict = c
+	}
+	return s
+}
+
+func (s Status) ready(pin runtime.Pin, fromPin bool, detail string) Status {
+	s.State, s.Detail, s.FromPin, s.Err = Ready, detail, fromPin, nil
+	s.Pin, s.Pinned, s.Variant = &pin, pin.Ref, pin.Variant
+	if e, v, ok := strings.Cut(pin.Key, ":"); ok {
+		s.Engine, s.Version = e, v
+	}
+	s.Key = pin.Key
+	return s
+}
+
 func attemptsSummary(as []Attempt) string {
 	parts := make([]string, len(as))
 	for i, a := range as {
@@ -106,8 +168,17 @@ func attemptsSummary(as []Attempt) string {
 }
 
 func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// attemptErrors joins the attempts' errors under ErrAllFailed.
+func attemptErrors(as []Attempt, detail string) error {
+	errs := []error{ErrAllFailed}
+	for _, a := range as {
+		if a.Err != nil {
+			errs = append(errs, a.Err)
+		}
 	}
-	return s
+	return &outcome{class: errors.Join(errs...), detail: detail}
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+
+	"github.com/gpupin/gpupin/registry"
 )
 
 // Labels gpupin puts on what it creates, so it can find it again.
@@ -30,10 +32,8 @@ type Runtime struct {
 	client      *client.Client
 	namespace   string
 	snapshotter string
-	hostsDir    string
-	insecure    []string
+	registry    *registry.Policy
 	runcRoot    string
-	runcBinary  string
 	fifoDir     string
 	cdiDirs     []string
 }
@@ -47,11 +47,11 @@ func WithNamespace(ns string) Opt { return func(r *Runtime) { r.namespace = ns }
 // WithSnapshotter sets the snapshotter (default overlayfs).
 func WithSnapshotter(s string) Opt { return func(r *Runtime) { r.snapshotter = s } }
 
-// WithHostsDir names containerd's certs.d directory for mirrors and TLS.
-func WithHostsDir(dir string) Opt { return func(r *Runtime) { r.hostsDir = dir } }
-
-// WithInsecureRegistries lists registries reached over plain HTTP.
-func WithInsecureRegistries(hosts []string) Opt { return func(r *Runtime) { r.insecure = hosts } }
+// WithRegistry sets how registries are reached (certs.d mirrors, TLS,
+// plain HTTP, credentials, timeouts): pass the policy manifest resolution
+// uses too, so that what is resolved is what is pulled. Default:
+// registry.New's defaults.
+func WithRegistry(p *registry.Policy) Opt { return func(r *Runtime) { r.registry = p } }
 
 // WithRuncRoot moves runc's state directory (tests keep it out of /run/runc).
 func WithRuncRoot(dir string) Opt { return func(r *Runtime) { r.runcRoot = dir } }
@@ -67,6 +67,9 @@ func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error)
 	r := &Runtime{namespace: "gpupin", snapshotter: "overlayfs", cdiDirs: []string{"/etc/cdi", "/var/run/cdi"}}
 	for _, o := range opts {
 		o(r)
+	}
+	if r.registry == nil {
+		r.registry = registry.New(registry.Config{})
 	}
 	if _, err := os.Stat(address); err != nil {
 		return nil, fmt.Errorf("containerd socket %s: %w (is containerd running? --address or CONTAINERD_ADDRESS names another)", address, err)

@@ -42,8 +42,9 @@ func (r *Runtime) GC(ctx context.Context, all bool) (Collected, error) {
 	}
 	for _, img := range imgs {
 		l := img.Labels
-		keep := l[LabelPin] != "" || used[img.Name] ||
-			(l[LabelPrevious] != "" && !all) ||
+		// A record repointed outside gpupin is no pin, whatever it is labelled.
+		keep := (l[LabelPin] != "" && !tampered(img)) || used[img.Name] ||
+			(l[LabelPrevious] != "" && !all && !tampered(img)) ||
 			(l[LabelRole] == "candidate" && ownerAlive(l[LabelOwner]) && !(all && staleForeign(l[LabelOwner], img.CreatedAt)))
 		if keep {
 			out.Kept = append(out.Kept, img.Name)

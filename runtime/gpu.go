@@ -104,3 +104,13 @@ func listOrNone(s []string) string {
 	}
 	return strings.Join(s, ", ")
 }
+
+// DefaultGPUs is how GPUs reach a container when nothing else is asked:
+// every GPU through CDI, and none on a simulated node, which has none to
+// give.
+func DefaultGPUs(simulated bool) GPUs {
+	if simulated {
+		return GPUs{Mode: GPUNone}
+	}
+	return GPUs{Mode: GPUCDI, Devices: []string{DefaultCDIDevice}}
+}

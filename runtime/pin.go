@@ -2,23 +2,30 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/errdefs"
 )
 
-// Pin labels, as DESIGN fixes them: other programs read these.
+// Pin labels: the contract other programs read (docs/architecture.md).
 const (
 	LabelPin      = "io.gpupin.pin" // engine:version
 	LabelVariant  = "io.gpupin.variant"
 	LabelSource   = "io.gpupin.source" // the reference asked for
 	LabelNode     = "io.gpupin.node"   // node fingerprint
 	LabelProbedAt = "io.gpupin.probed-at"
-	LabelProbe    = "io.gpupin.probe" // the verdict, compact
+	// LabelProbe names the probe that proved the pin (torch, cuda, exec),
+	// as the same key names it on an index entry.
+	LabelProbe = "io.gpupin.probe"
+	// LabelVerdict is the probe's verdict, compact JSON. Pins made before
+	// it existed kept the verdict under LabelProbe; they still read.
+	LabelVerdict  = "io.gpupin.verdict"
 	LabelOverride = "io.gpupin.override"
 	// LabelSimulated marks a pin whose probe ran on simulated node facts.
 	LabelSimulated = "io.gpupin.simulated"
@@ -42,34 +49,39 @@ type Pin struct {
 	Override  string    `json:"override"`
 	Node      string    `json:"node"`
 	ProbedAt  time.Time `json:"probed_at"`
-	Probe     string    `json:"probe"`
+	Probe     string    `json:"probe"`   // the probe kind
+	Verdict   string    `json:"verdict"` // compact
 	Simulated bool      `json:"simulated,omitempty"`
 	Previous  bool      `json:"previous,omitempty"`
+	// Tampered is set when the record's target is not the digest its name
+	// says: someone repointed it. Such a record is no pin, and never runs.
+	Tampered  bool      `json:"tampered,omitempty"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
 func (p Pin) labels() map[string]string {
-	probe := p.Probe
-	if len(LabelProbe)+len(probe) > maxLabel {
-		probe = probe[:maxLabel-len(LabelProbe)-3] + "..."
+	verdict := p.Verdict
+	if len(LabelVerdict)+len(verdict) > maxLabel {
+		verdict = verdict[:maxLabel-len(LabelVerdict)-3] + "..."
 	}
-	l := map[string]string{
-		LabelManaged:   "true",
-		LabelPin:       p.Key,
-		LabelVariant:   p.Variant,
-		LabelSource:    p.Source,
-		LabelNode:      p.Node,
-		LabelProbedAt:  p.ProbedAt.UTC().Format(time.RFC3339),
-		LabelProbe:     probe,
+	return map[string]string{
+		LabelManaged: "true",
+		LabelPin:     p.Key,
+		LabelVariant: p.Variant,
+		LabelSource:  p.Source,
+		LabelNode:    p.Node,
+		// Nanoseconds: the newest probe of a key wins, also within a second.
+		LabelProbedAt:  p.ProbedAt.UTC().Format(time.RFC3339Nano),
+		LabelProbe:     p.Probe,
+		LabelVerdict:   verdict,
 		LabelOverride:  p.Override,
 		LabelCRIPinned: "pinned",
 		LabelSimulated: strconv.FormatBool(p.Simulated),
 	}
-	return l
 }
 
-// pinFields are every label a pin sets or clears, as update field paths.
-var pinLabelKeys = []string{LabelPin, LabelVariant, LabelSource, LabelNode, LabelProbedAt, LabelProbe,
+// pinLabelKeys are every label a pin sets or clears, as update field paths.
+var pinLabelKeys = []string{LabelPin, LabelVariant, LabelSource, LabelNode, LabelProbedAt, LabelProbe, LabelVerdict,
 	LabelOverride, LabelCRIPinned, LabelSimulated, LabelPrevious, LabelRole, LabelOwner, LabelManaged}
 
 func pinFromImage(img images.Image) Pin {
@@ -77,36 +89,69 @@ func pinFromImage(img images.Image) Pin {
 	p := Pin{
 		Key: l[LabelPin], Ref: img.Name, Digest: img.Target.Digest.String(),
 		Variant: l[LabelVariant], Source: l[LabelSource], Override: l[LabelOverride],
-		Node: l[LabelNode], Probe: l[LabelProbe], Simulated: l[LabelSimulated] == "true",
-		UpdatedAt: img.UpdatedAt,
+		Node: l[LabelNode], Probe: l[LabelProbe], Verdict: l[LabelVerdict], Simulated: l[LabelSimulated] == "true",
+		UpdatedAt: img.UpdatedAt, Tampered: tampered(img),
+	}
+	if p.Verdict == "" && strings.HasPrefix(p.Probe, "{") {
+		// Made before the verdict had a key of its own.
+		p.Verdict, p.Probe = p.Probe, ""
 	}
 	if p.Key == "" && l[LabelPrevious] != "" {
 		p.Key, p.Previous = l[LabelPrevious], true
 	}
-	p.ProbedAt, _ = time.Parse(time.RFC3339, l[LabelProbedAt])
+	p.ProbedAt, _ = time.Parse(time.RFC3339Nano, l[LabelProbedAt])
 	return p
 }
 
-// Pins lists the current pins, one per engine:version. When two records
-// claim the same key (a crash between making a new pin and demoting the
-// old), the newest probe wins; the next SetPin demotes the other.
+// tampered reports whether a record named repo@sha256:X points elsewhere.
+func tampered(img images.Image) bool {
+	_, d, ok := strings.Cut(img.Name, "@")
+	return ok && d != img.Target.Digest.String()
+}
+
+// newer orders two records of one key by when containerd wrote them (its
+// own clock, so every process agrees), then by name: the last pin made is
+// the pin.
+func newer(a, b Pin) bool {
+	if !a.UpdatedAt.Equal(b.UpdatedAt) {
+		return a.UpdatedAt.After(b.UpdatedAt)
+	}
+	return a.Ref > b.Ref
+}
+
+// Pins lists the current pins, one per engine:version, and records that
+// were pins but point elsewhere now (Tampered), so they can be shown and
+// never run. When two records claim one key (a crash between making a new
+// pin and demoting the old), the one written last wins; the next SetPin
+// demotes the other.
 func (r *Runtime) Pins(ctx context.Context) ([]Pin, error) {
 	imgs, err := r.client.ImageService().List(r.ctx(ctx), fmt.Sprintf(`labels.%q`, LabelPin))
 	if err != nil {
 		return nil, fmt.Errorf("list pins: %w", err)
 	}
 	best := map[string]Pin{}
+	var bad []Pin
 	for _, img := range imgs {
 		p := pinFromImage(img)
-		if cur, ok := best[p.Key]; !ok || p.ProbedAt.After(cur.ProbedAt) {
+		if p.Tampered {
+			bad = append(bad, p)
+			continue
+		}
+		if cur, ok := best[p.Key]; !ok || newer(p, cur) {
 			best[p.Key] = p
 		}
 	}
-	out := make([]Pin, 0, len(best))
+	out := make([]Pin, 0, len(best)+len(bad))
 	for _, p := range best {
 		out = append(out, p)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	out = append(out, bad...)
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Key != out[j].Key {
+			return out[i].Key < out[j].Key
+		}
+		return !out[i].Tampered && out[j].Tampered
+	})
 	return out, nil
 }
 
@@ -127,47 +172,110 @@ func (r *Runtime) PreviousPins(ctx context.Context) ([]Pin, error) {
 	return out, nil
 }
 
-// GetPin returns the pin of engine:version, or nil.
+// GetPin returns the pin of engine:version, or nil. A tampered record of
+// the key is an error, never a pin to run.
 func (r *Runtime) GetPin(ctx context.Context, key string) (*Pin, error) {
 	pins, err := r.Pins(ctx)
 	if err != nil {
 		return nil, err
 	}
+	var bad *Pin
 	for _, p := range pins {
-		if p.Key == key {
+		if p.Key != key {
+			continue
+		}
+		if !p.Tampered {
 			return &p, nil
 		}
+		bad = &p
+	}
+	if bad != nil {
+		return nil, fmt.Errorf("%w: %s is labelled the pin of %s but points at %s, not the image its name says; it was changed outside gpupin: gpupin gc removes it, then provision again",
+			ErrTampered, bad.Ref, key, bad.Digest)
 	}
 	return nil, nil
 }
 
+// ErrTampered marks a record whose target is not the digest its name says.
+var ErrTampered = errors.New("tampered pin record")
+
+// SetPinOptions tune SetPin.
+type SetPinOptions struct {
+	// Takeover lets the pin replace a pin of the key made from another
+	// source: the want named the key itself. Without it such a pin stays,
+	// and SetPin fails with ErrHeld.
+	Takeover bool
+}
+
+// ErrHeld marks a key pinned from another source.
+var ErrHeld = errors.New("pin key held from another source")
+
+// ErrSuperseded marks a pin another provision of the key replaced at once.
+var ErrSuperseded = errors.New("superseded by a newer pin of the key")
+
 // SetPin makes p.Ref the pin of p.Key: one update sets every label on the
 // record (containerd applies it atomically), then other records of the
 // key are demoted to previous. Only a probe that passed may call this.
-func (r *Runtime) SetPin(ctx context.Context, p Pin) error {
+//
+// Two SetPins of one key never interleave: the step holds the key in the
+// daemon (lockPinKey), whatever lock directory each process uses. Should a
+// record still be written after this one (by a tool that takes no lock),
+// this pin steps back for it rather than demote it.
+func (r *Runtime) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
 	ctx = r.ctx(ctx)
+	unlock, err := r.lockPinKey(ctx, p.Key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	is := r.client.ImageService()
 	img, err := is.Get(ctx, p.Ref)
 	if err != nil {
 		return fmt.Errorf("pin %s: image record %s: %w", p.Key, p.Ref, err)
 	}
+	if tampered(img) {
+		return fmt.Errorf("pin %s: %w: %s points at %s", p.Key, ErrTampered, p.Ref, img.Target.Digest)
+	}
+	if p.Digest != "" && img.Target.Digest.String() != p.Digest {
+		return fmt.Errorf("pin %s: %s points at %s, but %s was probed", p.Key, p.Ref, img.Target.Digest, p.Digest)
+	}
 	if other := img.Labels[LabelPin]; other != "" && other != p.Key {
 		return fmt.Errorf("pin %s: %s is already the pin of %s; one image record holds one pin", p.Key, p.Ref, other)
 	}
-	img.Labels = p.labels()
-	if _, err := is.Update(ctx, img, labelPaths(pinLabelKeys)...); err != nil {
-		return fmt.Errorf("pin %s: update %s: %w", p.Key, p.Ref, err)
-	}
-	// The pin is in effect from here on: Pins takes the newest probe of a
-	// key. A demotion that fails now is finished by the next SetPin of the
-	// key, so it is not reported as a failed pin.
 	others, err := is.List(ctx, fmt.Sprintf(`labels.%q==%q`, LabelPin, p.Key))
 	if err != nil {
+		return fmt.Errorf("pin %s: list its records: %w", p.Key, err)
+	}
+	if !opts.Takeover {
+		for _, o := range others {
+			if op := pinFromImage(o); o.Name != p.Ref && !op.Tampered && op.Source != p.Source {
+				return fmt.Errorf("pin %s: %w: it is pinned from %s (%s), not %s", p.Key, ErrHeld, op.Source, o.Name, p.Source)
+			}
+		}
+	}
+	img.Labels = p.labels()
+	updated, err := is.Update(ctx, img, labelPaths(pinLabelKeys)...)
+	if err != nil {
+		return fmt.Errorf("pin %s: update %s: %w", p.Key, p.Ref, err)
+	}
+	// The pin is in effect from here on. A demotion that fails now is
+	// finished by the next SetPin of the key, so it is not reported as a
+	// failed pin.
+	if others, err = is.List(ctx, fmt.Sprintf(`labels.%q==%q`, LabelPin, p.Key)); err != nil {
 		return nil
 	}
+	mine := pinFromImage(updated)
 	for _, o := range others {
-		if o.Name != p.Ref {
+		if o.Name == p.Ref {
+			continue
+		}
+		if op := pinFromImage(o); op.Tampered || newer(mine, op) {
 			r.demote(ctx, o, p.Key)
+		} else {
+			// A newer pin of the key landed meanwhile: it stands, this
+			// one steps back.
+			r.demote(ctx, updated, p.Key)
+			return fmt.Errorf("pin %s: %w (%s)", p.Key, ErrSuperseded, o.Name)
 		}
 	}
 	// An older previous of this key is superseded: gc keeps one for rollback.
@@ -187,16 +295,17 @@ func (r *Runtime) SetPin(ctx context.Context, p Pin) error {
 	return nil
 }
 
+// demote makes a pin a previous pin: it keeps every label that says how
+// it was proved, so a rollback knows what it returns to, and loses the
+// ones that make it a pin (the key, kubelet's pinned mark).
 func (r *Runtime) demote(ctx context.Context, img images.Image, key string) error {
-	img.Labels = map[string]string{
-		LabelManaged:  "true",
-		LabelPrevious: key,
-		LabelVariant:  img.Labels[LabelVariant],
-		LabelSource:   img.Labels[LabelSource],
-		LabelNode:     img.Labels[LabelNode],
-		LabelProbedAt: img.Labels[LabelProbedAt],
-		LabelProbe:    img.Labels[LabelProbe],
+	keep := map[string]string{LabelManaged: "true", LabelPrevious: key}
+	for _, k := range []string{LabelVariant, LabelSource, LabelNode, LabelProbedAt, LabelProbe, LabelVerdict, LabelOverride, LabelSimulated} {
+		if v, ok := img.Labels[k]; ok {
+			keep[k] = v
+		}
 	}
+	img.Labels = keep
 	_, err := r.client.ImageService().Update(ctx, img, labelPaths(pinLabelKeys)...)
 	return err
 }
@@ -204,6 +313,11 @@ func (r *Runtime) demote(ctx context.Context, img images.Image, key string) erro
 // Unpin removes the pin of key; the image stays, as a previous pin, until gc.
 func (r *Runtime) Unpin(ctx context.Context, key string) (*Pin, error) {
 	ctx = r.ctx(ctx)
+	unlock, err := r.lockPinKey(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	imgs, err := r.client.ImageService().List(ctx, fmt.Sprintf(`labels.%q==%q`, LabelPin, key))
 	if err != nil {
 		return nil, fmt.Errorf("unpin %s: %w", key, err)

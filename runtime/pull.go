@@ -19,6 +19,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/gpupin/gpupin/registry"
 )
 
 // Progress is how far a pull has got.
@@ -47,6 +49,11 @@ type PullOptions struct {
 	Progress func(Progress)
 	// Labels go on a record this pull creates.
 	Labels map[string]string
+	// MediaType is what the reference was described as (the index
+	// entry's media type); the pull refuses an index where an image
+	// manifest was expected, and the reverse, before fetching anything
+	// below the root. "" checks nothing.
+	MediaType string
 }
 
 // Pull fetches ref (a repo@sha256 reference) and unpacks it into the
@@ -55,7 +62,7 @@ type PullOptions struct {
 // may be a pin. So the pull lands under a staging name of its own, and the
 // real record is then created, never updated.
 func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled, error) {
-	ctx = r.ctx(ctx)
+	ctx = registry.LogContext(r.ctx(ctx))
 	if _, ok := leases.FromContext(ctx); !ok {
 		// A lease of our own, so a failed pull can hand what it fetched to
 		// the next attempt (keepPartial).
@@ -76,6 +83,14 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 		matcher = platforms.Only(p)
 	}
 	if rec, err := r.client.ImageService().Get(ctx, ref); err == nil {
+		if tampered(rec) {
+			// Its name says one image and it holds another: neither used
+			// nor overwritten (it may be evidence); gc removes it.
+			return Pulled{}, fmt.Errorf("pull %s: %w: the record points at %s, not the digest its name says; it was changed outside gpupin: gpupin gc removes it", ref, ErrTampered, rec.Target.Digest)
+		}
+		if err := checkMediaType(ref, opts.MediaType, rec.Target.MediaType); err != nil {
+			return Pulled{}, err
+		}
 		img := client.NewImageWithPlatform(r.client, rec, matcher)
 		unpacked, err := img.IsUnpacked(ctx, r.snapshotter)
 		if err == nil && !unpacked {
@@ -101,8 +116,9 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 	// Whatever happens from here, the staging record goes: containerd may
 	// have made it even when its Pull fails (an unpack after the record).
 	defer cleanup(ctx, func(ctx context.Context) error { return is.Delete(ctx, staging) })
+	sr := &stagingResolver{Resolver: r.resolver(ctx), alias: staging, real: ref, mediaType: opts.MediaType}
 	img, err := r.client.Pull(ctx, staging,
-		client.WithResolver(&stagingResolver{Resolver: r.resolver(ctx), alias: staging, real: ref}),
+		client.WithResolver(sr),
 		client.WithPlatformMatcher(matcher),
 		client.WithPullUnpack,
 		client.WithPullSnapshotter(r.snapshotter),
@@ -111,8 +127,13 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 		client.WithMaxConcurrentDownloads(4),
 	)
 	stop(err == nil)
+	if err != nil && sr.refused != nil {
+		// Not what the caller was told it is: said plainly, without
+		// containerd's wrapping, and nothing is kept for a retry.
+		return Pulled{}, sr.refused
+	}
 	if err != nil {
-		err = fmt.Errorf("pull %s: %w", ref, err)
+		err = r.registry.Explain(fmt.Errorf("pull %s: %w", ref, err), refHost(ref))
 		if worthKeeping(err) {
 			if kerr := r.keepPartial(context.WithoutCancel(ctx), ref); kerr != nil {
 				err = fmt.Errorf("%w (and what it fetched is not kept for the next attempt: %v)", err, kerr)
@@ -151,9 +172,13 @@ const stagingSuffix = "#gpupin-staging-"
 
 // stagingResolver resolves and fetches the staging name as the real
 // reference, so containerd's Pull names its record after the staging name.
+// It also checks the root's media type (see checkMediaType): the resolve
+// is the first thing a pull does, so a refusal there fetches nothing more.
 type stagingResolver struct {
 	remotes.Resolver
 	alias, real string
+	mediaType   string // expected; "" = any
+	refused     error  // set when the root's media type was refused
 }
 
 func (s *stagingResolver) Resolve(ctx context.Context, ref string) (string, ocispec.Descriptor, error) {
@@ -161,6 +186,11 @@ func (s *stagingResolver) Resolve(ctx context.Context, ref string) (string, ocis
 		return s.Resolver.Resolve(ctx, ref)
 	}
 	_, desc, err := s.Resolver.Resolve(ctx, s.real)
+	if err == nil {
+		if err = checkMediaType(s.real, s.mediaType, desc.MediaType); err != nil {
+			s.refused = err
+		}
+	}
 	return s.alias, desc, err
 }
 
@@ -215,6 +245,11 @@ func partialLeaseID(ref string) string {
 // digest or size, or a full disk, whose partial data only takes space.
 func worthKeeping(err error) bool {
 	if errdefs.IsFailedPrecondition(err) || errdefs.IsInvalidArgument(err) || errdefs.IsNotFound(err) {
+		return false
+	}
+	if strings.Contains(err.Error(), "media-type: expected") {
+		// containerd found a manifest whose body is not of the type the
+		// registry said: the same bytes will fail the same way.
 		return false
 	}
 	return !strings.Contains(err.Error(), "no space left on device")
@@ -361,4 +396,10 @@ func (r *Runtime) ImageConfig(ctx context.Context, name, platform string) (ocisp
 		return ocispec.ImageConfig{}, fmt.Errorf("config of %s: %w", name, err)
 	}
 	return spec.Config, nil
+}
+
+// refHost is the registry of a normalised reference.
+func refHost(ref string) string {
+	host, _, _ := strings.Cut(ref, "/")
+	return host
 }

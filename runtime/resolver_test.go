@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpupin/gpupin/internal/testenv"
+	"github.com/gpupin/gpupin/registry"
 	"github.com/gpupin/gpupin/runtime"
 )
 
@@ -27,7 +28,7 @@ func TestPullThroughCertsDMirror(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(hostsDir, name, "hosts.toml"), []byte(hostsToml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rt := testenv.Runtime(t, runtime.WithHostsDir(hostsDir))
+	rt := testenv.Runtime(t, runtime.WithRegistry(registry.New(registry.Config{HostsDir: hostsDir})))
 	reg.Reset()
 	p, err := rt.Pull(ctx, name+"/eng@"+digest, runtime.PullOptions{})
 	if err != nil {

@@ -44,9 +44,19 @@ type RunSpec struct {
 	Hardened bool
 	// HostNetwork shares the node's network (replicas that serve).
 	HostNetwork bool
+	// Seccomp is the syscall filter: SeccompDefault (containerd's default
+	// profile, Docker's: an allowlist that refuses keyctl, and unshare,
+	// setns and mount to a process without CAP_SYS_ADMIN, among others) or
+	// SeccompUnconfined (no filter). The hardened box always has the
+	// default profile.
+	Seccomp     Seccomp
 	MemoryLimit uint64 // bytes; 0 = none
-	PidsLimit   int64  // 0 = none
-	Timeout     time.Duration
+	// MemorySwap bounds memory plus swap, in bytes, when MemoryLimit is
+	// set: 0 means equal to MemoryLimit (no swap: a limit that swap can
+	// stretch without end bounds nothing), -1 unlimited swap.
+	MemorySwap int64
+	PidsLimit  int64 // 0 = none
+	Timeout    time.Duration
 	// OutputLimit caps what is kept of stdout+stderr (the tail); default 256 KiB.
 	OutputLimit int
 	// Stdout, Stderr also receive the output as it comes (gpupin run).
@@ -67,6 +77,28 @@ type RunResult struct {
 	TimedOut  bool
 }
 
+// Seccomp names a container's syscall filter.
+type Seccomp string
+
+const (
+	// SeccompDefault is containerd's default profile, fitted to the
+	// container's capabilities ("" means it too).
+	SeccompDefault Seccomp = "default"
+	// SeccompUnconfined is no filter at all.
+	SeccompUnconfined Seccomp = "unconfined"
+)
+
+// ParseSeccomp reads a --seccomp value.
+func ParseSeccomp(s string) (Seccomp, error) {
+	switch Seccomp(s) {
+	case "", SeccompDefault:
+		return SeccompDefault, nil
+	case SeccompUnconfined:
+		return SeccompUnconfined, nil
+	}
+	return "", fmt.Errorf("seccomp %q: want %s or %s", s, SeccompDefault, SeccompUnconfined)
+}
+
 // ErrTimeout marks a run killed at its timeout.
 var ErrTimeout = errors.New("timed out")
 
@@ -75,6 +107,16 @@ var ErrTimeout = errors.New("timed out")
 // a probe leaves nothing behind.
 func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err error) {
 	ctx = r.ctx(ctx)
+	seccompMode, err := ParseSeccomp(string(spec.Seccomp))
+	if err != nil {
+		return res, err
+	}
+	if spec.Hardened && seccompMode == SeccompUnconfined {
+		return res, errors.New("seccomp unconfined: the hardened box always filters syscalls")
+	}
+	if spec.MemorySwap != 0 && spec.MemorySwap != -1 && (spec.MemoryLimit == 0 || spec.MemorySwap < int64(spec.MemoryLimit)) {
+		return res, fmt.Errorf("memory+swap %d: want -1, 0, or at least the memory limit (%d)", spec.MemorySwap, spec.MemoryLimit)
+	}
 	img, err := r.client.GetImage(ctx, spec.Image)
 	if err != nil {
 		return res, fmt.Errorf("image %s: %w", spec.Image, err)
@@ -108,7 +150,6 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 			oci.WithNoNewPrivileges,
 			oci.WithCapabilities([]string{}),
 			oci.WithAmbientCapabilities([]string{}),
-			seccomp.WithDefaultProfile(),
 		)
 	}
 	if len(mounts) > 0 {
@@ -119,6 +160,12 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 	}
 	if spec.MemoryLimit > 0 {
 		specOpts = append(specOpts, oci.WithMemoryLimit(spec.MemoryLimit))
+		if swap := spec.MemorySwap; swap != -1 && swapAccounted() {
+			if swap == 0 {
+				swap = int64(spec.MemoryLimit)
+			}
+			specOpts = append(specOpts, oci.WithMemorySwap(swap))
+		}
 	}
 	if spec.PidsLimit > 0 {
 		specOpts = append(specOpts, oci.WithPidsLimit(spec.PidsLimit))
@@ -137,6 +184,13 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 	case GPUNone, "":
 	default:
 		return res, fmt.Errorf("gpu mode %q", spec.GPUs.Mode)
+	}
+
+	if seccompMode == SeccompDefault {
+		// Last: the default profile is fitted to the capabilities the
+		// container ends up with (CAP_SYS_ADMIN opens unshare and mount,
+		// and so on), so every option that changes them comes first.
+		specOpts = append(specOpts, seccomp.WithDefaultProfile())
 	}
 
 	cont, err := r.client.NewContainer(ctx, id,
@@ -211,7 +265,7 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 		res.TimedOut = true
 		status = r.kill(ctx, task, exitCh)
 	case <-ctx.Done():
-		status = r.kill(ctx, task, exitCh)
+		r.kill(ctx, task, exitCh)
 		drainOutput(ctx, task)
 		res.Duration = time.Since(start)
 		res.Output, res.Truncated = out.bytes()
@@ -243,6 +297,19 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 	}
 	res.ExitCode = int(code)
 	return res, nil
+}
+
+// swapAccounted reports whether the kernel can bound a cgroup's swap. On
+// cgroup v1 that is memory.memsw.*, present only with swap accounting
+// (swapaccount=1, the default since Linux 5.8); runc fails to start a
+// container whose swap limit it cannot write. cgroup v2 always takes the
+// limit (runc ignores it where swap is off).
+func swapAccounted() bool {
+	if _, err := os.Stat("/sys/fs/cgroup/memory"); err != nil {
+		return true // cgroup v2 (or no memory controller: runc says so)
+	}
+	_, err := os.Stat("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
+	return err == nil
 }
 
 func (r *Runtime) kill(ctx context.Context, task client.Task, exitCh <-chan client.ExitStatus) client.ExitStatus {

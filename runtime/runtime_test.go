@@ -227,7 +227,7 @@ func TestPullNeverRewritesAnExistingRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	pin := runtime.Pin{Key: "eng:own", Ref: ref, Variant: "cu129", Source: reg.Host + "/eng:own", Override: "auto", Node: "sha256-x", ProbedAt: time.Now().Truncate(time.Second)}
-	if err := rt.SetPin(ctx, pin); err != nil {
+	if err := rt.SetPin(ctx, pin, runtime.SetPinOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The layer's content goes, and with it the unpacked snapshots.
@@ -289,7 +289,7 @@ func TestGCLetsGoOfAdoptedRecords(t *testing.T) {
 		{Key: "a:1", Ref: ref, Node: "x", ProbedAt: time.Now()},
 		{Key: "b:1", Ref: adopted, Node: "x", ProbedAt: time.Now()},
 	} {
-		if err := rt.SetPin(ctx, p); err != nil {
+		if err := rt.SetPin(ctx, p, runtime.SetPinOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := rt.Unpin(ctx, p.Key); err != nil {

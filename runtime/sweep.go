@@ -19,17 +19,34 @@ type Swept struct {
 
 // Sweep removes what an interrupted gpupin left: probe containers (with
 // their tasks and snapshots), leases and candidate image records whose
-// owning process is gone. What a live gpupin is working on is left alone.
+// owning process is gone, and what failed pulls kept for a retry (the
+// gpupin-partial leases). What a live gpupin is working on is left alone.
+// `gpupin gc` and the loop's start run it.
 func (r *Runtime) Sweep(ctx context.Context) (Swept, error) {
+	return r.sweep(ctx, false)
+}
+
+// SweepOrphans is Sweep without the partial leases: what a failed pull set
+// aside so its retry resumes stays until the retry, or its hour, is up.
+// When nothing is left it is three label-filtered listings and a read of
+// /proc per owner, so it is cheap to run every few seconds: the agent runs
+// it on a timer, so a probe orphaned after the loop's start is stopped.
+func (r *Runtime) SweepOrphans(ctx context.Context) (Swept, error) {
+	return r.sweep(ctx, true)
+}
+
+func (r *Runtime) sweep(ctx context.Context, keepPartial bool) (Swept, error) {
 	ctx = r.ctx(ctx)
 	var s Swept
-	conts, err := r.client.Containers(ctx, fmt.Sprintf(`labels.%q`, LabelManaged))
+	// Probes only: a replica (gpupin run) is not gpupin's to stop.
+	conts, err := r.client.Containers(ctx, fmt.Sprintf(`labels.%q==probe`, LabelRole))
 	if err != nil {
 		return s, fmt.Errorf("sweep: list containers: %w", err)
 	}
 	for _, c := range conts {
-		info, err := c.Info(ctx)
-		if err != nil || info.Labels[LabelRole] != "probe" {
+		// The listing carries the records: no call per container.
+		info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
+		if err != nil || info.Labels[LabelManaged] == "" || info.Labels[LabelRole] != "probe" {
 			continue
 		}
 		// A probe lives minutes; one a day old from another pid namespace
@@ -78,6 +95,9 @@ func (r *Runtime) Sweep(ctx context.Context) (Swept, error) {
 		return s, fmt.Errorf("sweep: list leases: %w", err)
 	}
 	for _, l := range all {
+		if keepPartial && l.Labels[LabelRole] == "partial" {
+			continue
+		}
 		if ownerAlive(l.Labels[LabelOwner]) {
 			continue
 		}

@@ -4,6 +4,9 @@
 // "GPUPIN-PROBE {json}" line. gpupin bind-mounts it into any glibc image; the
 // image needs no CUDA toolkit, since the driver library comes with the GPU
 // injection. It exits 0 only when every device passed.
+//
+// With GPUPIN_SIMULATED=1 (a node without a GPU) it only proves that it
+// starts in the image and reports the driver work as simulated.
 package main
 
 import (
@@ -22,7 +25,12 @@ func init() {
 }
 
 func main() {
-	v := run(openCUDA)
+	var v *probe.Verdict
+	if os.Getenv(probe.EnvSimulated) == "1" {
+		v = runSimulated(openCUDA, os.Getenv(probe.EnvSimDevices))
+	} else {
+		v = run(openCUDA)
+	}
 	if err := emit(os.Stdout, v); err != nil {
 		fmt.Fprintln(os.Stderr, "gpupin-cuda-probe:", err)
 		os.Exit(1)

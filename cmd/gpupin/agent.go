@@ -13,7 +13,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/agent"
-	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
 )
 
@@ -29,68 +28,41 @@ func agentCommand() *cli.Command {
 			"once; ready engines are re-checked every --recheck; a failure is retried after --retry, doubling up to " +
 			"--recheck; a driver or GPU change re-proves every engine. Overrides set through the API are written to " +
 			"--overrides, as `gpupin override set` does. SIGTERM stops it after the provisions in flight have cleaned up.",
-		Flags: append(append([]cli.Flag{
+		Flags: append(append(append([]cli.Flag{
 			&cli.StringFlag{Name: "config", Value: agent.DefaultConfigPath, EnvVars: []string{"GPUPIN_AGENT_CONFIG"}, Usage: "the wants file (YAML: wants, overrides); watched"},
 			&cli.StringFlag{Name: "socket", Value: agent.DefaultSocket, EnvVars: []string{"GPUPIN_AGENT_SOCKET"}, Usage: "unix socket of the HTTP API"},
 			&cli.StringFlag{Name: "metrics-address", EnvVars: []string{"GPUPIN_METRICS_ADDRESS"}, Usage: "serve Prometheus metrics on `HOST:PORT` (/metrics); off when empty"},
 			&cli.DurationFlag{Name: "recheck", Value: 10 * time.Minute, Usage: "how often ready engines are checked again"},
 			&cli.DurationFlag{Name: "retry", Value: time.Minute, Usage: "first retry after a failure; doubles up to --recheck"},
 			&cli.DurationFlag{Name: "node-check", Value: time.Minute, Usage: "how often the node's driver and GPUs are read"},
-			&cli.DurationFlag{Name: "probe-timeout", Value: defaultProbeTimeout, Usage: "kill a probe that runs longer"},
-			&cli.StringFlag{Name: "probe", Usage: "probe to use when neither the image nor the engine names one: torch, cuda, exec"},
-			&cli.StringFlag{Name: "probe-dir", Usage: "where probe programs are staged on the host"},
-			&cli.StringFlag{Name: "cuda-probe", Usage: "path of the gpupin-cuda-probe binary"},
-			&cli.StringFlag{Name: "lock-dir", Value: "/run/gpupin/locks", Usage: "per-engine locks shared with gpupin provision and other gpupin processes"},
 			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED); re-read at every check"},
-		}, gpuFlags()...), runtimeFlags()...),
+		}, provisionFlags()...), gpuFlags()...), runtimeFlags()...),
 		Action: runAgent,
 	}
 }
 
-// fileNode re-reads a node facts file at every read, so a simulated
-// driver upgrade is an edit of the file.
-type fileNode struct{ path string }
-
-func (f fileNode) Read(context.Context) (*node.Facts, error) { return node.LoadFile(f.path) }
-
 func runAgent(c *cli.Context) error {
 	log := slog.Default()
-	var nodes node.Reader = node.NewReader()
-	nodePath := lineageString(c, "node")
-	if nodePath != "" {
-		if _, err := node.LoadFile(nodePath); err != nil {
-			return cli.Exit(err.Error(), exitUsage)
-		}
-		nodes = fileNode{nodePath}
-		log.Warn("SIMULATED node facts: probes are simulated; nothing is proved on a GPU", "node", nodePath)
-	}
-	gpus, err := gpuSpec(c, nodePath != "")
+	s, err := openSession(c)
 	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
+		return err
 	}
-	rt, err := connect(c)
-	if err != nil {
-		return cli.Exit(err.Error(), exitError)
+	defer s.close()
+	rt := s.rt
+	if s.simulated {
+		log.Warn("SIMULATED node facts: probes are simulated; nothing is proved on a GPU", "node", lineageString(c, "node"))
 	}
-	defer rt.Close()
 
 	var loop *provision.Loop
 	var metrics *agent.Metrics
-	popts := provision.Options{
-		ProbeTimeout:    c.Duration("probe-timeout"),
-		ProbeDir:        c.String("probe-dir"),
-		CUDAProbeBinary: c.String("cuda-probe"),
-		DefaultProbe:    c.String("probe"),
-		GPUs:            gpus,
-		LockDir:         c.String("lock-dir"),
-		Logger:          log,
-	}
+	popts := []provision.Option{provision.WithLogger(log), provision.WithOverrides(provision.NewOverrides())}
 	lopts := provision.LoopOptions{Recheck: c.Duration("recheck"), RetryMin: c.Duration("retry"), NodeCheck: c.Duration("node-check"), Logger: log}
 	if c.String("metrics-address") != "" {
 		metrics = agent.NewMetrics(func() []provision.Status { return loop.Status() }, nil)
-		popts.Progress, lopts.OnResult = metrics.PullProgress, metrics.ObserveResult
+		popts = append(popts, provision.WithProgress(metrics.PullProgress))
+		lopts.OnResult = metrics.ObserveResult
 	}
-	loop = provision.NewLoop(provision.New(rt, resolver(c), nodes, popts), lopts)
+	loop = provision.NewLoop(s.provisioner(popts...), lopts)
 	a := agent.New(loop, rt, agent.Options{ConfigPath: c.String("config"), OverridesPath: lineageString(c, "overrides"), Logger: log})
 	if err := a.Reload(); err != nil {
 		// At start there is no last good reading to keep.

@@ -1,11 +1,11 @@
 package main
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gpupin/gpupin/registry"
 	"github.com/gpupin/gpupin/runtime"
 )
 
@@ -25,33 +25,39 @@ func gpuFlags() []cli.Flag {
 	}
 }
 
-// connect opens containerd as the global flags say.
-func connect(c *cli.Context) (*runtime.Runtime, error) {
-	opts := []runtime.Opt{
-		runtime.WithNamespace(lineageString(c, "namespace")),
-		runtime.WithSnapshotter(lineageString(c, "snapshotter")),
-		runtime.WithHostsDir(lineageString(c, "hosts-dir")),
-		runtime.WithInsecureRegistries(c.StringSlice("insecure-registry")),
+// provisionFlags are the flags of commands that provision (provision, agent).
+func provisionFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.DurationFlag{Name: "provision-timeout", Value: time.Hour, Usage: "give up on a provision (pulls and probes included) after this long"},
+		&cli.DurationFlag{Name: "probe-timeout", Value: 10 * time.Minute, Usage: "kill a probe that runs longer"},
+		&cli.StringFlag{Name: "probe-memory", Value: "16g", Usage: "the probe container's memory limit, swap included (bytes, or k, m, g, t)"},
+		&cli.Int64Flag{Name: "probe-pids", Value: 4096, Usage: "the probe container's pids limit"},
+		&cli.StringFlag{Name: "probe", Usage: "probe to use when neither the image nor the engine names one: torch, cuda, exec"},
+		&cli.StringFlag{Name: "probe-dir", Usage: "where probe programs are staged on the host"},
+		&cli.StringFlag{Name: "cuda-probe", Usage: "path of the gpupin-cuda-probe binary"},
+		&cli.StringFlag{Name: "sim-probe", Usage: "path of the gpupin-sim-probe binary (the emulator test fixtures ask for)"},
+		&cli.StringFlag{Name: "lock-dir", Value: "/run/gpupin/locks", Usage: "per-engine locks shared with the agent and other gpupin processes"},
 	}
-	if dirs := c.StringSlice("cdi-spec-dir"); len(dirs) > 0 {
-		opts = append(opts, runtime.WithCDISpecDirs(dirs...))
-	}
-	if r := c.String("runc-root"); r != "" {
-		opts = append(opts, runtime.WithRuncRoot(r))
-	}
-	return runtime.Connect(c.Context, lineageString(c, "address"), opts...)
 }
 
-// gpuSpec reads --gpu-mode and --gpus; a simulated node gets no GPU unless
-// a mode is asked for.
-func gpuSpec(c *cli.Context, simulated bool) (*runtime.GPUs, error) {
+// registryFlags bound what a registry may withhold; global, as every
+// command that reads a registry honours them.
+func registryFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.DurationFlag{Name: "registry-timeout", Value: registry.DefaultHeaderTimeout, EnvVars: []string{"GPUPIN_REGISTRY_TIMEOUT"}, Usage: "give up on a registry request that has no answer (response headers) after this long"},
+		&cli.DurationFlag{Name: "registry-stall", Value: registry.DefaultStallTimeout, EnvVars: []string{"GPUPIN_REGISTRY_STALL"}, Usage: "cut a transfer that moved less than 32 KiB in this long"},
+	}
+}
+
+// gpuSpec reads --gpu-mode and --gpus; nil when neither is given, so the
+// library's default holds (every GPU through CDI; none on a simulated node).
+func gpuSpec(c *cli.Context) (*runtime.GPUs, error) {
+	if !hasFlag(c, "gpu-mode") || (!c.IsSet("gpu-mode") && !c.IsSet("gpus")) {
+		return nil, nil
+	}
 	mode := c.String("gpu-mode")
 	if mode == "" {
-		if simulated {
-			mode = string(runtime.GPUNone)
-		} else {
-			mode = string(runtime.GPUCDI)
-		}
+		mode = string(runtime.GPUCDI)
 	}
 	m, err := runtime.ParseGPUMode(mode)
 	if err != nil {
@@ -65,12 +71,4 @@ func gpuSpec(c *cli.Context, simulated bool) (*runtime.GPUs, error) {
 		g.Devices = c.StringSlice("gpus")
 	}
 	return g, nil
-}
-
-func ago(t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	d := time.Since(t).Round(time.Second)
-	return fmt.Sprintf("%s ago", d)
 }

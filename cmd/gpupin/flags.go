@@ -5,15 +5,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
 )
 
 func globalFlags() []cli.Flag {
-	return []cli.Flag{
+	return append([]cli.Flag{
 		&cli.StringFlag{Name: "address", Value: "/run/containerd/containerd.sock", EnvVars: []string{"CONTAINERD_ADDRESS"}, Usage: "containerd socket"},
 		&cli.StringFlag{Name: "namespace", Value: "gpupin", EnvVars: []string{"CONTAINERD_NAMESPACE"}, Usage: "containerd namespace (k8s.io under Kubernetes, so kubelet sees the pins)"},
 		&cli.StringFlag{Name: "snapshotter", Value: "overlayfs", EnvVars: []string{"CONTAINERD_SNAPSHOTTER"}, Usage: "containerd snapshotter"},
@@ -24,7 +24,7 @@ func globalFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"GPUPIN_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
 		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
-	}
+	}, registryFlags()...)
 }
 
 func setupLogging(c *cli.Context) error {
@@ -57,19 +57,26 @@ func printJSON(v any) error {
 	return enc.Encode(v)
 }
 
-func nodeReader(c *cli.Context) (node.Reader, error) {
-	if p := lineageString(c, "node"); p != "" {
-		f, err := node.LoadFile(p)
-		if err != nil {
-			return nil, err
+// lineageSlice is lineageString for a string slice flag.
+func lineageSlice(c *cli.Context, name string) []string {
+	lineage := c.Lineage()
+	for _, x := range lineage {
+		if x.IsSet(name) {
+			return x.StringSlice(name)
 		}
-		return node.Static{Facts: f}, nil
 	}
-	return node.NewReader(), nil
+	return lineage[len(lineage)-1].StringSlice(name)
 }
 
-func resolver(c *cli.Context) *images.Resolver {
-	return &images.Resolver{Insecure: c.StringSlice("insecure-registry")}
+// lineageDuration is lineageString for a duration flag.
+func lineageDuration(c *cli.Context, name string) time.Duration {
+	lineage := c.Lineage()
+	for _, x := range lineage {
+		if x.IsSet(name) {
+			return x.Duration(name)
+		}
+	}
+	return lineage[len(lineage)-1].Duration(name)
 }
 
 func simulatedNote(f *node.Facts) string {

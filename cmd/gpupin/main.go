@@ -34,7 +34,7 @@ func main() {
 	app := newApp()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := app.RunContext(ctx, os.Args); err != nil {
+	if err := app.RunContext(ctx, reorderArgs(app, os.Args)); err != nil {
 		var ec cli.ExitCoder
 		if errors.As(err, &ec) {
 			if msg := err.Error(); msg != "" {
@@ -54,6 +54,7 @@ func newApp() *cli.App {
 	}
 	cmds := append([]*cli.Command(nil), commands...)
 	sort.SliceStable(cmds, func(i, j int) bool { return rank[cmds[i].Name] < rank[cmds[j].Name] })
+	usageExits(cmds)
 	return &cli.App{
 		Name:                   "gpupin",
 		Usage:                  "choose, prove and pin the CUDA variant of an inference engine this node can run",

@@ -112,7 +112,7 @@ func runOverrideSet(c *cli.Context) error {
 // checkOverrideAgainst resolves ref and refuses a variant it does not
 // publish, or a ref of another engine.
 func checkOverrideAgainst(c *cli.Context, engine string, ov images.Override, ref string) error {
-	set, err := resolver(c).Resolve(c.Context, ref)
+	set, err := (&images.Resolver{Remote: registryPolicy(c)}).Resolve(c.Context, ref)
 	if err != nil {
 		return cli.Exit(fmt.Sprintf("--ref: %v", err), exitError)
 	}

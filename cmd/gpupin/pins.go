@@ -33,7 +33,7 @@ func pinsCommand() *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		},
 		Action: func(c *cli.Context) error {
-			rt, err := connect(c)
+			rt, err := connect(c, registryPolicy(c))
 			if err != nil {
 				return cli.Exit(err.Error(), exitError)
 			}
@@ -102,7 +102,7 @@ func unpinCommand() *cli.Command {
 			if c.NArg() != 1 {
 				return cli.Exit("usage: gpupin unpin ENGINE:VERSION", exitUsage)
 			}
-			rt, err := connect(c)
+			rt, err := connect(c, registryPolicy(c))
 			if err != nil {
 				return cli.Exit(err.Error(), exitError)
 			}
@@ -129,7 +129,7 @@ func gcCommand() *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		},
 		Action: func(c *cli.Context) error {
-			rt, err := connect(c)
+			rt, err := connect(c, registryPolicy(c))
 			if err != nil {
 				return cli.Exit(err.Error(), exitError)
 			}

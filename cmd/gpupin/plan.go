@@ -7,7 +7,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/images"
-	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/provision"
+	"github.com/gpupin/gpupin/runtime"
 )
 
 func init() { register(planCommand()) }
@@ -15,11 +16,14 @@ func init() { register(planCommand()) }
 func planCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "plan",
-		Usage:     "show which variant of REF this node would get, and why (reads manifests only, pulls nothing)",
+		Usage:     "show what provisioning REF would do on this node, and why (reads manifests only, pulls nothing)",
 		UsageText: "gpupin plan REF [--override auto|none|VARIANT|IMAGE] [--node FILE] [--json]",
-		Description: "The override comes from --override, else from the overrides file for the engine " +
-			"(the io.gpupin.engine annotation, else the repository's last path element). " +
-			"Exit 0 when a candidate exists, 3 when none fits, the override is none or the node is unsupported, 1 on error, 2 on usage.",
+		Description: "The same decision `gpupin provision` and the agent make: the engine is named by the " +
+			"io.gpupin.engine annotation, else the repository's last path element; its override comes from --override, " +
+			"else the overrides file under that name. A pin proved on this node answers without the registry, as it " +
+			"would for provision (with --node, pins are not read: the facts are another machine's). " +
+			"Exit 0 when a candidate or a pin exists, 3 when none fits, the override is none or the node is " +
+			"unsupported, 1 on error or when provisioning would be refused (a pin held from another source), 2 on usage.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "override", Usage: "auto, none, a variant name or an image reference, instead of the overrides file"},
 			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED)"},
@@ -30,121 +34,81 @@ func planCommand() *cli.Command {
 }
 
 func runPlan(c *cli.Context) error {
-	args, err := trailingArgs(c)
-	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
-	}
-	if len(args) != 1 {
+	if c.NArg() != 1 {
 		return cli.Exit("usage: gpupin plan REF [--override V] [--node FILE] [--json]", exitUsage)
 	}
-	ref := args[0]
-	if _, err := images.ParseReference(ref, nil); err != nil {
+	w := provision.Want{Ref: c.Args().First(), Override: c.String("override")}
+	if c.IsSet("override") && w.Override == "" {
+		w.Override = "auto"
+	}
+	if err := provision.ValidateWant(w); err != nil {
 		return cli.Exit(err.Error(), exitUsage)
 	}
-	var flagOv *images.Override
-	if c.IsSet("override") {
-		ov, err := images.ParseOverride(c.String("override"))
-		if err != nil {
-			return cli.Exit("--override: "+err.Error(), exitUsage)
+	nodes, simulated, err := nodeReader(c)
+	if err != nil {
+		return cli.Exit(err.Error(), exitError)
+	}
+	policy := registryPolicy(c)
+	opts := []provision.Option{provision.WithNode(nodes), provision.WithResolver(&images.Resolver{Remote: policy}),
+		provision.WithOverrides(provision.OverrideFile(lineageString(c, "overrides")))}
+	// The node's pins count as they do for provision; another machine's
+	// facts (--node) have none here. No containerd is no pins, not an error:
+	// plan also answers on a machine that only looks.
+	var rt *runtime.Runtime
+	if !simulated {
+		if r, err := connect(c, policy); err == nil {
+			rt = r
+			defer rt.Close()
 		}
-		flagOv = &ov
 	}
-	f, err := choiceNode(c)
+	var p *provision.Provisioner
+	if rt != nil {
+		p = provision.New(rt, opts...)
+	} else {
+		p = provision.New(nil, opts...)
+	}
+	pl, err := p.Plan(c.Context, w)
 	if err != nil {
 		return cli.Exit(err.Error(), exitError)
 	}
-	p, derived, err := makePlan(c, f, ref, flagOv)
-	if err != nil {
-		return cli.Exit(err.Error(), exitError)
-	}
-	w := c.App.Writer
+	out := c.App.Writer
 	if jsonOut(c) {
-		if err := writeJSON(w, p); err != nil {
+		if err := writeJSON(out, pl); err != nil {
 			return cli.Exit(err.Error(), exitError)
 		}
 	} else {
-		writePlan(w, p, derived)
+		writePlan(out, pl)
 	}
-	if p.Outcome != images.OutcomeReady {
-		return cli.Exit("", exitNoResult)
+	switch pl.Outcome {
+	case images.OutcomeReady, provision.OutcomePinned:
+		return nil
+	case provision.OutcomeConflict:
+		return cli.Exit("", exitError)
 	}
-	return nil
+	return cli.Exit("", exitNoResult)
 }
 
-// makePlan resolves ref, finds the engine's override and chooses. It
-// reports whether any metadata considered was derived from image configs.
-func makePlan(c *cli.Context, f *node.Facts, ref string, flagOv *images.Override) (*images.Plan, bool, error) {
-	ov := images.Override{Kind: images.OverrideAuto}
-	if flagOv != nil {
-		ov = *flagOv
-	}
-	if !f.Supported() {
-		// Nothing to resolve for a node that cannot run any variant.
-		return images.Choose(f, &images.Set{Ref: ref}, ov), false, nil
-	}
-	res := resolver(c)
-	set, err := res.Resolve(c.Context, ref)
-	if err != nil {
-		return nil, false, err
-	}
-	if flagOv == nil {
-		engine, err := engineOf(ref, set)
-		if err != nil {
-			return nil, false, err
-		}
-		path := lineageString(c, "overrides")
-		of, err := images.LoadOverrides(path)
-		if err != nil {
-			return nil, false, err
-		}
-		ov, _ = of.Get(engine)
-	}
-	chooseFrom := set
-	if ov.Kind == images.OverrideImage {
-		// The operator's image replaces the engine's: its variants are the
-		// ones chosen among (and still probed).
-		chooseFrom, err = res.Resolve(c.Context, ov.Image)
-		if err != nil {
-			return nil, false, fmt.Errorf("override image: %w", err)
-		}
-	}
-	p := images.Choose(f, chooseFrom, ov)
-	p.Ref = ref // what was asked for; the candidates name the override image
-	return p, anyDerived(chooseFrom), nil
-}
-
-// engineOf names the engine of a reference: the io.gpupin.engine annotation
-// of its variants, else the repository's last path element.
-func engineOf(ref string, set *images.Set) (string, error) {
-	for _, v := range set.Variants {
-		if v.Engine != "" {
-			return v.Engine, nil
-		}
-	}
-	r, err := images.ParseReference(ref, nil)
-	if err != nil {
-		return "", err
-	}
-	return images.EngineFromRepo(r), nil
-}
-
-func anyDerived(set *images.Set) bool {
-	for _, v := range set.Variants {
-		if v.Derived {
-			return true
-		}
-	}
-	return false
-}
-
-// writePlan prints a plan for a person: the node, the candidates in order,
-// every rejection with its reason, and the outcome.
-func writePlan(w io.Writer, p *images.Plan, derived bool) {
+// writePlan prints a plan for a person: the node, the key and override
+// and where they came from, the candidates in order, every rejection with
+// its reason, and the outcome.
+func writePlan(w io.Writer, p *provision.Plan) {
 	fmt.Fprint(w, simulatedNote(p.Node))
-	fmt.Fprintf(w, "plan for %s (override: %s)\n", p.Ref, p.Override)
+	fmt.Fprintf(w, "plan for %s (override: %s, from %s)\n", p.Ref, p.Override, overrideFrom(p.OverrideFrom))
 	fmt.Fprintf(w, "node: %s\n", nodeSummary(p.Node))
-	if derived {
+	if p.Key != "" {
+		fmt.Fprintf(w, "pin key: %s (named by the %s)\n", p.Key, p.NamedBy)
+	}
+	if p.Source != "" && p.Source != p.Ref {
+		fmt.Fprintf(w, "image: %s (the override's)\n", p.Source)
+	}
+	if p.Derived {
 		fmt.Fprintln(w, "metadata: DERIVED from the image config (CUDA_VERSION, NVIDIA_REQUIRE_*): the image carries no io.gpupin annotations")
+	}
+	if p.Pinned != nil {
+		fmt.Fprintf(w, "pinned: %s (%s), proved %s on this node; provision answers from it without the registry\n",
+			p.Pinned.Ref, p.Pinned.Variant, p.Pinned.ProbedAt.Format("2006-01-02 15:04:05Z07:00"))
+	} else if p.Held != nil {
+		fmt.Fprintf(w, "held: %s (%s), from %s; kept unless a candidate passes\n", p.Held.Ref, p.Held.Variant, p.Held.Source)
 	}
 	if len(p.Candidates) > 0 {
 		fmt.Fprintln(w, "candidates, in the order they would be tried:")
@@ -169,4 +133,16 @@ func writePlan(w io.Writer, p *images.Plan, derived bool) {
 	if p.Detail != "" {
 		fmt.Fprintf(w, "  %s\n", p.Detail)
 	}
+}
+
+func overrideFrom(s string) string {
+	switch s {
+	case provision.OverrideFromSource:
+		return "the overrides file"
+	case provision.OverrideFromWant:
+		return "--override"
+	case "pin":
+		return "the pin"
+	}
+	return "default"
 }

@@ -25,7 +25,7 @@ func choiceRun(t *testing.T, args ...string) (stdout, errMsg string, code int) {
 	app.Writer, app.ErrWriter = &out, &errOut
 	// main handles exit codes; in a test, HandleExitCoder must not os.Exit.
 	app.ExitErrHandler = func(*cli.Context, error) {}
-	err := app.RunContext(context.Background(), append([]string{"gpupin"}, args...))
+	err := app.RunContext(context.Background(), reorderArgs(app, append([]string{"gpupin"}, args...)))
 	if err != nil {
 		var ec cli.ExitCoder
 		code = exitError

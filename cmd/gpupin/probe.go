@@ -7,11 +7,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/images"
-	"github.com/gpupin/gpupin/node"
-	"github.com/gpupin/gpupin/provision"
 )
-
-const defaultProbeTimeout = 10 * time.Minute
 
 func init() { register(probeCommand()) }
 
@@ -21,16 +17,13 @@ func probeCommand() *cli.Command {
 		Usage:     "run the compute probe alone against an image already pulled, and print its verdict",
 		UsageText: "gpupin probe REF [--probe torch|cuda|exec] [--gpus …] [--json]",
 		Description: "For debugging a node: nothing is pinned or changed. REF is an image record in the namespace " +
-			"(a pinned repo@sha256:… or any pulled name). Exit 0 when the probe passed, 1 otherwise.",
+			"(a pinned repo@sha256:… or any pulled name). The probe runs as a provision runs it, in the same box and " +
+			"judged the same way. Exit 0 when the probe passed, 1 otherwise.",
 		Flags: append(append([]cli.Flag{
-			&cli.StringFlag{Name: "probe", Usage: "torch, cuda or exec (default: the image's io.gpupin.probe, else by engine)"},
 			&cli.StringFlag{Name: "engine", Usage: "engine name, for the probe's default and the torch probe's engine import"},
-			&cli.DurationFlag{Name: "timeout", Value: defaultProbeTimeout, Usage: "kill the probe after this long"},
-			&cli.StringFlag{Name: "probe-dir", Usage: "where probe programs are staged on the host"},
-			&cli.StringFlag{Name: "cuda-probe", Usage: "path of the gpupin-cuda-probe binary"},
-			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED: runs the simulated probe)"},
+			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED: simulated checks)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the verdict as JSON"},
-		}, gpuFlags()...), runtimeFlags()...),
+		}, provisionFlags()...), append(gpuFlags(), runtimeFlags()...)...),
 		Action: runProbe,
 	}
 }
@@ -40,21 +33,21 @@ func runProbe(c *cli.Context) error {
 		return cli.Exit("usage: gpupin probe REF [--probe KIND]", exitUsage)
 	}
 	ref := c.Args().First()
-	rt, err := connect(c)
+	s, err := openSession(c)
 	if err != nil {
-		return cli.Exit(err.Error(), exitError)
+		return err
 	}
-	defer rt.Close()
-	f, err := choiceNode(c)
+	defer s.close()
+	f, err := s.nodes.Read(c.Context)
 	if err != nil {
 		return cli.Exit(err.Error(), exitError)
 	}
 	if !f.Simulated && !f.Supported() {
 		return cli.Exit("unsupported: "+f.Unsupported, exitNoResult)
 	}
-	cfg, err := rt.ImageConfig(c.Context, ref, f.Platform)
+	cfg, err := s.rt.ImageConfig(c.Context, ref, f.Platform)
 	if err != nil {
-		return cli.Exit(fmt.Sprintf("%v (pull it first: gpupin provision, or ctr -n %s images pull)", err, rt.Namespace()), exitError)
+		return cli.Exit(fmt.Sprintf("%v (pull it first: gpupin provision, or ctr -n %s images pull)", err, s.rt.Namespace()), exitError)
 	}
 	// What the image says of itself, as its labels carry it; --probe and
 	// --engine stand in for them.
@@ -66,18 +59,8 @@ func runProbe(c *cli.Context) error {
 	if engine == "" {
 		engine = cfg.Labels[images.AnnotationEngine]
 	}
-	gpus, err := gpuSpec(c, f.Simulated)
-	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
-	}
-	// The provisioner's own probe step, so a probe run by hand is judged
-	// exactly as a provision would judge it.
-	p := provision.New(rt, nil, node.Static{Facts: f}, provision.Options{
-		ProbeTimeout: c.Duration("timeout"), ProbeDir: c.String("probe-dir"),
-		CUDAProbeBinary: c.String("cuda-probe"), GPUs: gpus,
-	})
 	start := time.Now()
-	verdict, _, err := p.Probe(c.Context, ref, meta, engine, f)
+	verdict, _, err := s.provisioner().Probe(c.Context, ref, meta, engine, f)
 	took := time.Since(start)
 	if jsonOut(c) {
 		out := map[string]any{"ref": ref, "simulated": f.Simulated, "verdict": verdict, "duration_ms": took.Milliseconds()}

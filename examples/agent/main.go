@@ -17,7 +17,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/runtime"
@@ -47,16 +46,13 @@ func run(address, namespace, nodeFile, vllm, sglang string) error {
 		return err
 	}
 	defer rt.Close()
-	var nodes node.Reader = node.NewReader()
+	opts := []provision.Option{provision.WithLogger(slog.Default())}
 	if nodeFile != "" {
-		f, err := node.LoadFile(nodeFile)
-		if err != nil {
-			return err
-		}
-		nodes = node.Static{Facts: f}
+		opts = append(opts, provision.WithNode(node.File(nodeFile)))
 	}
-
-	p := provision.New(rt, &images.Resolver{}, nodes, provision.Options{})
+	// The defaults are the CLI's: NVML, /etc/gpupin/overrides.yaml, and the
+	// lock directory `gpupin provision` shares, so the two never collide.
+	p := provision.New(rt, opts...)
 	loop := provision.NewLoop(p, provision.LoopOptions{
 		// Called once per change, never per pass: the place to (re)start
 		// replicas from st.Pinned, or to drain them when an engine fails

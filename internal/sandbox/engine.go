@@ -30,9 +30,13 @@ func PublishEngine(ctx context.Context, host, engine, version string, variants [
 	var entries []IndexEntry
 	for _, v := range variants {
 		env := append([]string{"CUDA_VERSION=" + v.CUDA + ".0"}, v.Env...)
-		if v.SimProbe != "" {
-			env = append(env, "GPUPIN_SIM_PROBE="+v.SimProbe)
+		// On a simulated node the image's own probe would run; these
+		// busybox images have none that works, so the emulator answers.
+		mode := v.SimProbe
+		if mode == "" {
+			mode = "emulate"
 		}
+		env = append(env, "GPUPIN_SIM_PROBE="+mode)
 		md := images.Metadata{Engine: engine, EngineVersion: version, Variant: v.Name, CUDA: v.CUDA, Archs: v.Archs, Probe: "cuda"}
 		ann := md.Annotations()
 		spec := ImageSpec{Env: env, Arch: v.Arch, Layers: v.Layers, Cmd: []string{"/bin/sh", "-c", "echo engine " + engine + " " + v.Name}}

@@ -1,6 +1,11 @@
 // Package testenv gives tests the real parts: one private containerd per
-// test binary, a loopback registry per test, and a runtime in a namespace
-// of the test's own.
+// test binary, a loopback registry per test (go-containerregistry's in
+// process, or Debian's docker-registry), and a runtime in a namespace of
+// the test's own.
+//
+// The containerd is Debian's 1.6 from PATH, or the one named by
+// $GPUPIN_TEST_CONTAINERD (sandbox.EnvContainerd): `make test` runs every
+// package against both.
 package testenv
 
 import (
@@ -14,33 +19,70 @@ import (
 	"testing"
 
 	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/runtime"
 )
 
 var daemon *sandbox.Containerd
 
-// Main starts the package's containerd around its tests. Use from TestMain:
+// needsRoot is why tests that run containers skip: they start containerd
+// and runc, which need root. `make test` and CI run as root (make test
+// refuses to run otherwise), so there they always run; a missing binary
+// as root is a failure, never a skip.
+const needsRoot = "needs root: starts containerd and runs containers (run as root, as make test and CI do)"
+
+// Main starts the package's containerd around its tests and exits with
+// their result. Use from TestMain:
 //
 //	func TestMain(m *testing.M) { testenv.Main(m) }
-func Main(m *testing.M) {
+//
+// As non-root it starts nothing and the tests that need containerd skip
+// (Containerd, Runtime and OwnContainerd call t.Skip); the others run.
+// As root, a containerd that does not start fails the whole package.
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is Main that returns the exit code instead of exiting, for a
+// TestMain with cleanup of its own to do after the tests (os.Exit skips
+// deferred calls):
+//
+//	code := testenv.Run(m)
+//	os.RemoveAll(dir)
+//	os.Exit(code)
+func Run(m *testing.M) int {
 	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "these tests run containers: run them as root (CI does)")
-		os.Exit(1)
+		fmt.Fprintln(os.Stderr, "testenv: not root: tests that need containerd skip ("+needsRoot+")")
+		return m.Run()
 	}
 	d, err := sandbox.StartContainerd(context.Background(), sandbox.ContainerdOptions{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start containerd:", err)
-		os.Exit(1)
+		return 1
 	}
 	daemon = d
-	code := m.Run()
-	d.Stop()
-	os.Exit(code)
+	defer func() { d.Stop(); daemon = nil }()
+	// The probe programs are bind-mounted from the host: built once per
+	// test binary, found through GPUPIN_LIBDIR as an installed gpupin's are.
+	bins := filepath.Join(d.Dir, "probe-bin")
+	if err := sandbox.BuildProbeBinaries(context.Background(), bins); err != nil {
+		fmt.Fprintln(os.Stderr, "build the probe binaries:", err)
+		return 1
+	}
+	os.Setenv(probe.EnvLibDir, bins)
+	return m.Run()
+}
+
+// RequireRoot skips the test unless it runs as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip(needsRoot)
+	}
 }
 
 // Containerd returns the package's daemon.
 func Containerd(t testing.TB) *sandbox.Containerd {
 	t.Helper()
+	RequireRoot(t)
 	if daemon == nil {
 		t.Fatal("testenv.Main was not called from TestMain")
 	}
@@ -77,7 +119,7 @@ func Namespace(t testing.TB) string {
 	}
 	ns := strings.Trim(nonAlnum.ReplaceAllString(strings.ToLower(t.Name()), "-"), "-")
 	if len(ns) > 60 {
-		ns = ns[:60]
+		ns = strings.TrimRight(ns[:60], "-")
 	}
 	ns = "t-" + ns
 	nsTimes[ns]++
@@ -99,6 +141,7 @@ func Runtime(t testing.TB, opts ...runtime.Opt) *runtime.Runtime {
 // or starve of disk without touching the others) and connects to it.
 func OwnContainerd(t testing.TB, opts sandbox.ContainerdOptions) (*sandbox.Containerd, *runtime.Runtime) {
 	t.Helper()
+	RequireRoot(t)
 	d, err := sandbox.StartContainerd(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)

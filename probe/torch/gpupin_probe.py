@@ -11,6 +11,13 @@ float32 reference within MATMUL_REL_TOL; its speed is measured. If
 GPUPIN_ENGINE names vllm or sglang, the engine and its compiled extension are
 imported too, because extension modules that do not load on this driver are
 the failure users actually hit.
+
+With GPUPIN_SIMULATED=1 (a node without a GPU) it checks what needs no
+device, for the GPUs gpupin describes in GPUPIN_SIM_DEVICES: torch imports
+and has CUDA, torch.version.cuda agrees with the variant's CUDA
+(GPUPIN_SIM_VARIANT_CUDA) and is supported by the simulated driver
+(GPUPIN_SIM_NODE_CUDA), the build's arch list reaches every GPU, and the
+engine imports; it names what it could not check in "simulated_checks".
 """
 
 import json
@@ -41,6 +48,11 @@ ENGINE_MODULES = {
     "vllm": ["vllm", "vllm._C"],
     "sglang": ["sglang", "sgl_kernel"],
 }
+
+# Libraries that come with the node's driver (the GPU injection mounts them):
+# on a simulated node, an import that fails for want of one of them is what
+# a node without a GPU looks like, not a broken image.
+DRIVER_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
 
 
 def _prepare_env():
@@ -190,8 +202,21 @@ def probe_device(torch, i, arch_list):
     return dev
 
 
-def import_engine(engine, runtime):
-    """Import the engine's modules; return an error string or None."""
+def driver_lib_missing(e):
+    """The driver library an import error names as missing, or None."""
+    msg = str(e)
+    for lib in DRIVER_LIBS:
+        if lib in msg:
+            return lib
+    return None
+
+
+def import_engine(engine, runtime, simulated=None):
+    """Import the engine's modules; return an error string or None.
+
+    With simulated (a list), an import that fails only for want of the
+    driver's libraries is recorded there instead of failing.
+    """
     import importlib
 
     mods = ENGINE_MODULES.get(engine)
@@ -209,6 +234,11 @@ def import_engine(engine, runtime):
             traceback.print_exc(file=sys.stderr)
             return "import %s: %s: %s" % (mod, type(e).__name__, e)
         except BaseException as e:
+            lib = driver_lib_missing(e) if simulated is not None else None
+            if lib is not None:
+                simulated.append("import %s (it needs %s, which comes with the node's driver)" % (mod, lib))
+                # What follows the module would not load either.
+                break
             traceback.print_exc(file=sys.stderr)
             return "import %s: %s: %s" % (mod, type(e).__name__, e)
         loaded.append(mod)
@@ -218,6 +248,132 @@ def import_engine(engine, runtime):
     return None
 
 
+def major_minor(v):
+    """'12.9' / '12.9.1' / '13' -> (12, 9) / (12, 9) / (13, 0); None if not a version."""
+    parts = str(v or "").strip().split(".")
+    if not parts or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+
+
+def read_arch_list(torch):
+    """The build's CUDA arch list without touching a device, and where it came from.
+
+    torch.cuda.get_arch_list() answers [] when no GPU is available, so the
+    compile-time flags it reads are asked for directly first.
+    """
+    flags = getattr(getattr(torch, "_C", None), "_cuda_getArchFlags", None)
+    if flags is not None:
+        try:
+            got = flags()
+            if got:
+                return str(got).split(), "torch._C._cuda_getArchFlags()"
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+    try:
+        return list(torch.cuda.get_arch_list()), "torch.cuda.get_arch_list()"
+    except Exception:
+        traceback.print_exc(file=sys.stderr)
+        return [], "torch.cuda.get_arch_list()"
+
+
+def run_simulated(verdict, engine):
+    """The probe on a simulated node: every check that needs no device."""
+    runtime = verdict["runtime"]
+    runtime["simulated"] = True
+    simulated = []
+    verdict["simulated_checks"] = simulated
+    try:
+        devices = json.loads(os.environ.get("GPUPIN_SIM_DEVICES") or "[]")
+    except ValueError as e:
+        verdict["detail"] = "GPUPIN_SIM_DEVICES is not JSON: %s" % e
+        return verdict
+    if not isinstance(devices, list) or not devices:
+        verdict["detail"] = "simulated node, but GPUPIN_SIM_DEVICES holds no devices"
+        return verdict
+
+    import torch
+
+    runtime["torch"] = str(getattr(torch, "__version__", "unknown"))
+    runtime["cuda"] = getattr(getattr(torch, "version", None), "cuda", None)
+    if not runtime["cuda"]:
+        verdict["detail"] = "this torch build has no CUDA support (torch.version.cuda is empty)"
+        return verdict
+    problems = []
+    built = major_minor(runtime["cuda"])
+    variant = os.environ.get("GPUPIN_SIM_VARIANT_CUDA", "").strip()
+    node = os.environ.get("GPUPIN_SIM_NODE_CUDA", "").strip()
+    if variant:
+        runtime["variant_cuda"] = variant
+    if built is None:
+        problems.append("torch.version.cuda %r is not a version" % runtime["cuda"])
+    elif major_minor(variant) is not None and major_minor(variant) != built:
+        problems.append(
+            "torch is built for CUDA %s, but the variant says CUDA %s (io.gpupin.cuda.version): "
+            "the choice was made for a CUDA this image does not have" % (runtime["cuda"], variant)
+        )
+    elif major_minor(node) is not None and built > major_minor(node):
+        # What torch.cuda.is_available() would say on that driver.
+        problems.append(
+            "torch is built for CUDA %s and the simulated driver supports CUDA %s: "
+            "on that node the NVIDIA driver would be too old" % (runtime["cuda"], node)
+        )
+    if not variant:
+        runtime["variant_cuda"] = "unknown: not compared"
+
+    arch_list, source = read_arch_list(torch)
+    runtime["arch_list"] = " ".join(arch_list)
+    runtime["arch_list_from"] = source
+    failed = 0
+    for i, d in enumerate(devices):
+        d = d if isinstance(d, dict) else {}
+        dev = {
+            "index": int(d.get("index", i)),
+            "uuid": str(d.get("uuid", "")),
+            "name": str(d.get("name", "")),
+            "cc": str(d.get("cc", "")),
+            "tflops": 0.0,
+            "max_abs_err": 0.0,
+        }
+        cc = major_minor(dev["cc"])
+        if not arch_list:
+            dev["ok"] = True
+            dev["detail"] = "simulated: torch reports no arch list without a GPU; no matmul run"
+        elif cc is None:
+            dev["ok"] = False
+            dev["detail"] = "the simulated GPU has no compute capability (cc %r)" % dev["cc"]
+        else:
+            how = arch_match(cc, arch_list)
+            if how is None:
+                dev["ok"] = False
+                dev["detail"] = "this torch build has no kernels for sm_%d%d (compute capability %s); its arch list is %s" % (
+                    cc[0], cc[1], dev["cc"], " ".join(arch_list))
+            else:
+                dev["ok"] = True
+                dev["detail"] = "kernels: %s; simulated: no matmul run" % how
+        if not dev["ok"]:
+            failed += 1
+        verdict["devices"].append(dev)
+    if not arch_list:
+        simulated.append("the arch list's reach of each GPU (torch reports no arch list without a GPU)")
+    if failed:
+        problems.append("%d of %d GPUs failed" % (failed, len(devices)))
+    simulated.append("CUDA driver initialisation and the GPUs torch sees")
+    simulated.append("bf16 matmul against a float32 reference, and its speed, on each GPU")
+
+    engine_err = import_engine(engine, runtime, simulated) if engine else None
+    if engine_err:
+        problems.append("engine %s does not load: %s" % (engine, engine_err))
+
+    verdict["ok"] = not problems
+    if problems:
+        verdict["detail"] = "; ".join(problems)
+    else:
+        verdict["detail"] = "simulated node: torch %s (CUDA %s) imports and reaches %d GPUs by its arch list; the device work is simulated" % (
+            runtime["torch"], runtime["cuda"], len(devices))
+    return verdict
+
+
 def run():
     verdict = {"ok": False, "devices": [], "runtime": {"probe": "torch"}, "detail": ""}
     runtime = verdict["runtime"]
@@ -225,6 +381,8 @@ def run():
     engine = os.environ.get("GPUPIN_ENGINE", "").strip().lower()
     if engine:
         runtime["engine"] = engine
+    if os.environ.get("GPUPIN_SIMULATED") == "1":
+        return run_simulated(verdict, engine)
 
     import warnings
 

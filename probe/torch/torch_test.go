@@ -31,6 +31,8 @@ type fakeTorch struct {
 	InitError string       `json:"init_error,omitempty"`
 	ArchList  []string     `json:"arch_list"`
 	Devices   []fakeDevice `json:"devices"`
+	// NoArchFlags: torch._C has no _cuda_getArchFlags, as in CPU-only builds.
+	NoArchFlags bool `json:"no_arch_flags,omitempty"`
 }
 
 func python(t *testing.T) string {

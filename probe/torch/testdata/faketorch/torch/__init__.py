@@ -5,7 +5,10 @@ It is configured by GPUPIN_FAKE_TORCH, a JSON object:
   available            torch.cuda.is_available()
   warning              a UserWarning is_available() emits (as torch does for an old driver)
   init_error           what torch.cuda.init() raises
-  arch_list            torch.cuda.get_arch_list()
+  arch_list            the build's arch list: torch.cuda.get_arch_list() (which, as
+                       torch's does, answers [] when no GPU is available) and
+                       torch._C._cuda_getArchFlags()
+  no_arch_flags        torch._C has no _cuda_getArchFlags (CPU-only builds)
   devices              [{name, cc: [major, minor], uuid, mismatch, nan, raise}]
 Tensors are symbolic: every element of a tensor has the same value, which is
 enough to model a correct matmul, a wrong one (mismatch) and NaN.
@@ -93,6 +96,8 @@ class _Cuda:
         return _cfg.get("driver_version", 12090)
 
     def get_arch_list(self):
+        if not self.is_available():
+            return []
         return list(_cfg.get("arch_list", []))
 
     def get_device_properties(self, i):
@@ -113,4 +118,13 @@ class _Cuda:
 
 
 cuda = _Cuda()
+
+
+def _cuda_getArchFlags():
+    return " ".join(_cfg.get("arch_list", [])) or None
+
+
+_C = types.SimpleNamespace()
+if not _cfg.get("no_arch_flags"):
+    _C._cuda_getArchFlags = _cuda_getArchFlags
 backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=False)))

@@ -1,0 +1,311 @@
+package provision
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/runtime"
+)
+
+// Outcomes of a plan beyond images' (ready-to-provision, none,
+// unsupported, no-candidate).
+const (
+	// OutcomePinned: a pin proved on this node as it is answers; nothing
+	// is resolved or pulled.
+	OutcomePinned = "pinned"
+	// OutcomeConflict: provisioning would displace a pin it must not.
+	OutcomeConflict = "conflict"
+)
+
+// How a plan's key was named.
+const (
+	NamedByWant      = "want"      // the want gave engine and version
+	NamedByMetadata  = "metadata"  // io.gpupin.engine / io.gpupin.engine.version
+	NamedByReference = "reference" // the repository's last element and the tag
+)
+
+// Where a plan's override came from.
+const (
+	OverrideFromWant    = "want"
+	OverrideFromSource  = "overrides"
+	OverrideFromDefault = "default"
+)
+
+// Plan is what provisioning a want would do on this node, decided before
+// anything is pulled: the key it pins under and how that was named, the
+// override and where it came from, the candidates in the order they would
+// be tried, and every rejection. Provision acts on exactly this; `gpupin
+// plan` prints it.
+type Plan struct {
+	Ref          string `json:"ref"`
+	Key          string `json:"key"`
+	Engine       string `json:"engine"`
+	Version      string `json:"version"`
+	NamedBy      string `json:"named_by"`
+	Override     string `json:"override"`
+	OverrideFrom string `json:"override_from"`
+	// Source is what the candidates come from: Ref, or the override's image.
+	Source     string             `json:"source"`
+	Node       *node.Facts        `json:"node"`
+	Simulated  bool               `json:"simulated"`
+	Derived    bool               `json:"derived"`
+	Candidates []images.Candidate `json:"candidates"`
+	Rejected   []images.Rejection `json:"rejected"`
+	Outcome    string             `json:"outcome"`
+	Detail     string             `json:"detail,omitempty"`
+	// Pinned is the pin that answers as it is (OutcomePinned).
+	Pinned *runtime.Pin `json:"pinned,omitempty"`
+	// Held is the key's current pin, whoever made it: kept if this fails.
+	Held     *runtime.Pin   `json:"held,omitempty"`
+	Conflict *ConflictError `json:"conflict,omitempty"`
+	// Err classes every outcome but ready-to-provision and pinned.
+	Err error `json:"-"`
+
+	override images.Override
+}
+
+// Plan decides what a provision of w would do, reading the node, the pins
+// and the registry's manifests, and changing nothing.
+func (p *Provisioner) Plan(ctx context.Context, w Want) (*Plan, error) {
+	if err := ValidateWant(w); err != nil {
+		return nil, err
+	}
+	facts, err := p.opts.Node.Read(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read node facts: %w", err)
+	}
+	var pins []runtime.Pin
+	if p.rt != nil {
+		if pins, err = p.rt.Pins(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return p.plan(ctx, w, facts, pins)
+}
+
+func (p *Provisioner) plan(ctx context.Context, w Want, facts *node.Facts, pins []runtime.Pin) (*Plan, error) {
+	pl := &Plan{Ref: w.Ref, Source: w.Ref, Node: facts, Simulated: facts.Simulated,
+		Candidates: []images.Candidate{}, Rejected: []images.Rejection{}}
+	ref, err := images.ParseReference(w.Ref)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidWant, err)
+	}
+	pl.name(w, ref, nil)
+	if !facts.Supported() {
+		pl.Outcome, pl.Detail = images.OutcomeUnsupported, "unsupported: "+facts.Unsupported
+		pl.Err = newOutcome(ErrUnsupported, nil, "%s", pl.Detail)
+		return pl, nil
+	}
+	// Installed wins: a pin proved on these very GPUs and driver answers
+	// without the registry, so an outage cannot stop a provisioned node.
+	pin, err := p.pinFor(w, pins, facts)
+	if err != nil {
+		return nil, err
+	}
+	if pin != nil {
+		pl.Pinned, pl.Held = pin, pin
+		pl.Key, pl.Override, pl.OverrideFrom = pin.Key, pin.Override, "pin"
+		pl.Engine, pl.Version, _ = strings.Cut(pin.Key, ":")
+		pl.Outcome = OutcomePinned
+		pl.Detail = fmt.Sprintf("pinned %s (%s), proved %s on this node", pin.Ref, pin.Variant, pin.ProbedAt.Format(time.RFC3339))
+		return pl, nil
+	}
+
+	// The want's own override, when it is an image and the want names its
+	// key, needs nothing of the want's reference; anything else does: its
+	// metadata names the engine, and the engine finds the override.
+	ov, from := images.Override{Kind: images.OverrideAuto}, OverrideFromDefault
+	if w.Override != "" {
+		ov, _ = images.ParseOverride(w.Override)
+		from = OverrideFromWant
+	}
+	var set *images.Set
+	if !(w.Engine != "" && w.Version != "" && ov.Kind == images.OverrideImage) {
+		if set, err = p.opts.Resolver.Resolve(ctx, w.Ref); err != nil {
+			return nil, err
+		}
+	}
+	pl.name(w, ref, set)
+	if err := validKey(pl.Engine, pl.Version); err != nil {
+		return nil, err
+	}
+	if w.Override == "" {
+		o, ok, err := p.opts.Overrides.Override(pl.Engine)
+		if err != nil {
+			return nil, fmt.Errorf("overrides for %s: %w", pl.Engine, err)
+		}
+		if ok {
+			ov, from = o, OverrideFromSource
+		}
+	}
+	pl.override, pl.Override, pl.OverrideFrom = ov, ov.String(), from
+	pl.Held = pinOf(pins, pl.Key)
+	if ov.Kind == images.OverrideNone {
+		pl.Outcome, pl.Detail = images.OutcomeNone, "override is none: this node does not run this engine (its pin, if any, is kept until gc)"
+		pl.Err = newOutcome(ErrDisabled, nil, "%s", pl.Detail)
+		return pl, nil
+	}
+	if err := checkHeld(pl, w, pins, facts); err != nil {
+		pl.Outcome, pl.Detail, pl.Err = OutcomeConflict, err.Error(), err
+		pl.Conflict, _ = err.(*ConflictError)
+		return pl, nil
+	}
+
+	choice := ov
+	if ov.Kind == images.OverrideImage {
+		// The operator's image replaces the engine's: its variants are the
+		// ones chosen among, by the same rules, and still probed.
+		pl.Source = ov.Image
+		if set, err = p.opts.Resolver.Resolve(ctx, ov.Image); err != nil {
+			return nil, fmt.Errorf("override image: %w", err)
+		}
+		choice = images.Override{Kind: images.OverrideAuto}
+	}
+	c := images.Choose(facts, set, choice)
+	pl.Candidates, pl.Rejected, pl.Outcome, pl.Detail = c.Candidates, c.Rejected, c.Outcome, c.Detail
+	for _, v := range set.Variants {
+		pl.Derived = pl.Derived || v.Derived
+	}
+	if pl.Outcome == images.OutcomeNoCandidate {
+		reasons := make([]string, 0, len(pl.Rejected))
+		for _, r := range pl.Rejected {
+			reasons = append(reasons, r.Variant+": "+r.Reason)
+		}
+		detail := pl.Detail
+		if len(reasons) > 0 {
+			detail += ": " + strings.Join(reasons, "; ")
+		}
+		pl.Err = newOutcome(ErrNoCandidate, nil, "%s", detail)
+	}
+	return pl, nil
+}
+
+// name sets the plan's key: the want's engine and version, else the
+// image's metadata, else the repository's last element and the tag.
+func (pl *Plan) name(w Want, ref images.Reference, set *images.Set) {
+	engine, version := w.Engine, w.Version
+	by := NamedByWant
+	if set != nil {
+		for _, v := range set.Variants {
+			if engine == "" && v.Engine != "" {
+				engine, by = v.Engine, NamedByMetadata
+			}
+			if version == "" && v.EngineVersion != "" {
+				version, by = v.EngineVersion, NamedByMetadata
+			}
+		}
+	}
+	if engine == "" {
+		engine, by = images.EngineFromRepo(ref), namedBy(by)
+	}
+	if version == "" {
+		version, by = ref.Identifier(), namedBy(by)
+		if strings.HasPrefix(version, "sha256:") {
+			version = version[:19]
+		}
+	}
+	pl.Engine, pl.Version, pl.NamedBy = engine, version, by
+	pl.Key = engine + ":" + version
+}
+
+// namedBy: a key named partly by metadata is still not the want's.
+func namedBy(prev string) string {
+	if prev == NamedByMetadata {
+		return NamedByMetadata
+	}
+	return NamedByReference
+}
+
+// validKey refuses, before anything is pulled, a key a pin cannot carry.
+func validKey(engine, version string) error {
+	if !images.ValidEngineName(engine) {
+		return fmt.Errorf("%w: engine name %q (from the image or its repository) is not one gpupin pins under: lower-case letters, digits, '.', '_', '-', at most 64; name the engine in the want", ErrInvalidWant, engine)
+	}
+	if strings.HasPrefix(version, "sha256:") {
+		return nil
+	}
+	if !images.ValidEngineVersion(version) {
+		return fmt.Errorf("%w: engine version %q is not one gpupin pins under; name the version in the want", ErrInvalidWant, version)
+	}
+	return nil
+}
+
+// pinFor finds the pin that answers w as it is: made from w's reference
+// (under w's key when the want names one), under the override that applies
+// to its engine now, and proved on this node as it is.
+func (p *Provisioner) pinFor(w Want, pins []runtime.Pin, facts *node.Facts) (*runtime.Pin, error) {
+	for i := range pins {
+		pin := &pins[i]
+		if pin.Source != w.Ref || pin.Tampered {
+			continue
+		}
+		if w.Engine != "" && w.Version != "" && pin.Key != w.Key() {
+			continue
+		}
+		ov := images.Override{Kind: images.OverrideAuto}
+		if w.Override != "" {
+			ov, _ = images.ParseOverride(w.Override)
+		} else {
+			engine, _, _ := strings.Cut(pin.Key, ":")
+			o, ok, err := p.opts.Overrides.Override(engine)
+			if err != nil {
+				return nil, fmt.Errorf("overrides for %s: %w", engine, err)
+			}
+			if ok {
+				ov = o
+			}
+		}
+		if ov.Kind == images.OverrideNone || pin.Override != ov.String() {
+			continue
+		}
+		if holds(pin, facts) {
+			return pin, nil
+		}
+	}
+	return nil, nil
+}
+
+// checkHeld refuses what must not replace the key's current pin: another
+// source's pin, unless the want names the key itself; a pin proved on
+// hardware, from a simulated run.
+func checkHeld(pl *Plan, w Want, pins []runtime.Pin, facts *node.Facts) error {
+	held := pinOf(pins, pl.Key)
+	if held == nil {
+		return nil
+	}
+	if held.Source != w.Ref && pl.NamedBy != NamedByWant {
+		return &ConflictError{Key: pl.Key, Held: held.Source, Claimed: w.Ref, NamedBy: namedWhat(pl.NamedBy)}
+	}
+	if facts.Simulated && !held.Simulated {
+		return newOutcome(ErrConflict, nil, "a simulated probe never replaces %s, which was proved on hardware; use a namespace of its own for simulated runs", held.Ref)
+	}
+	return nil
+}
+
+func namedWhat(by string) string {
+	if by == NamedByMetadata {
+		return "io.gpupin.engine and io.gpupin.engine.version metadata"
+	}
+	return "repository name and tag"
+}
+
+// holds reports whether a pin was proved on this node as it is now: the
+// same driver and GPUs, and proved the same way — a pin made by a
+// simulated probe never stands for a proof on hardware, nor the reverse —
+// and that its record still points at the image its name says.
+func holds(pin *runtime.Pin, facts *node.Facts) bool {
+	return pin != nil && !pin.Tampered && pin.Node == facts.Fingerprint() && pin.Simulated == facts.Simulated
+}
+
+func pinOf(pins []runtime.Pin, key string) *runtime.Pin {
+	for i := range pins {
+		if pins[i].Key == key && !pins[i].Tampered {
+			return &pins[i]
+		}
+	}
+	return nil
+}

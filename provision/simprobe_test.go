@@ -1,0 +1,407 @@
+package provision_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
+	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/probe"
+	"github.com/gpupin/gpupin/provision"
+	"github.com/gpupin/gpupin/runtime"
+)
+
+// The tests here run each kind of probe, for real, in its simulated mode,
+// in real containers of images made for it: a Debian root filesystem with
+// a real (CPU-only) PyTorch, scratch, static busybox, a distroless-style
+// glibc image without a shell.
+
+var (
+	binsOnce sync.Once
+	binsErr  error
+)
+
+// needProbeBinaries makes gpupin-cuda-probe and gpupin-sim-probe findable
+// through GPUPIN_LIBDIR, building them into the package daemon's directory
+// (removed with it) unless the harness already did.
+func needProbeBinaries(t *testing.T) {
+	t.Helper()
+	binsOnce.Do(func() {
+		if dir := os.Getenv(probe.EnvLibDir); dir != "" {
+			if _, err := os.Stat(filepath.Join(dir, probe.SimProbeName)); err == nil {
+				return
+			}
+		}
+		dir := filepath.Join(testenv.Containerd(t).Dir, "probe-bin")
+		if binsErr = sandbox.BuildProbeBinaries(context.Background(), dir); binsErr == nil {
+			binsErr = os.Setenv(probe.EnvLibDir, dir)
+		}
+	})
+	if binsErr != nil {
+		t.Fatal(binsErr)
+	}
+}
+
+// variantImage is one image of a published test engine, with its metadata.
+type variantImage struct {
+	meta images.Metadata
+	img  v1.Image
+}
+
+// publish pushes the images as the variants of host/name:1.0 and returns the tag.
+func publish(t *testing.T, reg *sandbox.Registry, name string, vs ...variantImage) string {
+	t.Helper()
+	var entries []sandbox.IndexEntry
+	for _, v := range vs {
+		v.meta.EngineVersion = "1.0"
+		entries = append(entries, sandbox.IndexEntry{Image: v.img, Annotations: v.meta.Annotations(), Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}})
+	}
+	ref := reg.Host + "/" + name + ":1.0"
+	if _, err := sandbox.PushIndex(context.Background(), ref, entries); err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
+func newProvisioner(t *testing.T, rt *runtime.Runtime, facts *node.Facts, extra ...provision.Option) *provision.Provisioner {
+	return provision.New(rt, testOptions(t, testenv.NewNode(facts), extra...)...)
+}
+
+func assertNoPins(t *testing.T, rt *runtime.Runtime) {
+	t.Helper()
+	pins, err := rt.Pins(context.Background())
+	if err != nil || len(pins) != 0 {
+		t.Fatalf("pins = %+v, %v; want none", pins, err)
+	}
+}
+
+func hasCheck(v *probe.Verdict, substr string) bool {
+	for _, c := range v.SimulatedChecks {
+		if strings.Contains(c, substr) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestSimulatedTorchProbeInRealPython runs the torch probe in a Debian
+// root filesystem with python3-torch: the real torch, which has no CUDA,
+// fails as it would on a GPU node; the project's stand-in torch module,
+// which says it has CUDA 12.9, passes with the device work simulated.
+func TestSimulatedTorchProbeInRealPython(t *testing.T) {
+	ctx := context.Background()
+	start := time.Now()
+	rootfs, built, err := sandbox.TorchLayer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if built {
+		t.Logf("built the torch root filesystem in %s", time.Since(start).Round(time.Second))
+	}
+	pathEnv := "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	realTorch, err := sandbox.BareImage(sandbox.ImageSpec{Layers: []v1.Layer{rootfs}, Env: []string{pathEnv}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stand-in torch and engines of probe/torch/testdata, over the
+	// same root filesystem: a torch built with CUDA 12.9, on no GPU.
+	fakes := map[string][]byte{}
+	for _, d := range []string{"faketorch", "fakeengines"} {
+		root := filepath.Join("..", "probe", "torch", "testdata", d)
+		err := filepath.WalkDir(root, func(p string, de os.DirEntry, err error) error {
+			if err != nil || de.IsDir() || !strings.HasSuffix(p, ".py") {
+				return err
+			}
+			rel, _ := filepath.Rel(root, p)
+			data, err := os.ReadFile(p)
+			fakes[filepath.Join("opt", d, rel)] = data
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	fakeLayer, err := sandbox.FileLayer(fakes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fakeCfg, _ := json.Marshal(map[string]any{"cuda": "12.9", "available": false, "arch_list": []string{"sm_80", "sm_90"},
+		"init_error": "Found no NVIDIA driver on your system."})
+	fakeTorch, err := sandbox.BareImage(sandbox.ImageSpec{Layers: []v1.Layer{rootfs, fakeLayer}, Env: []string{pathEnv,
+		"PYTHONPATH=/opt/faketorch:/opt/fakeengines", "GPUPIN_FAKE_TORCH=" + string(fakeCfg), "GPUPIN_FAKE_VLLM_C=nodriver"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	reg := testenv.Registry(t)
+	rt := testenv.Runtime(t)
+	meta := images.Metadata{Engine: "vllm", Variant: "cu129", CUDA: "12.9", Archs: "8.0,9.0", Probe: "torch"}
+	cpuRef := publish(t, reg, "debian-torch", variantImage{meta, realTorch})
+	fakeRef := publish(t, reg, "fake-torch", variantImage{meta, fakeTorch})
+	facts := h100("575.57.08", "12.9")
+	p := newProvisioner(t, rt, facts, provision.WithProbeTimeout(5*time.Minute))
+
+	t.Run("CPU-only torch fails without a pin", func(t *testing.T) {
+		// The probe alone first, to time it apart from the pull.
+		pullStart := time.Now()
+		set, err := (&images.Resolver{}).Resolve(ctx, cpuRef)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pulled, err := rt.Pull(ctx, set.Variants[0].Ref, runtime.PullOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pullTook := time.Since(pullStart)
+		probeStart := time.Now()
+		v, out, err := p.Probe(ctx, pulled.Name, meta, "vllm", facts)
+		t.Logf("pull and unpack %s; simulated torch probe %s", pullTook.Round(time.Millisecond), time.Since(probeStart).Round(time.Millisecond))
+		if err == nil || v != nil || !strings.Contains(err.Error(), "this torch build has no CUDA support (torch.version.cuda is empty)") {
+			t.Fatalf("Probe = %+v, %v; want the no-CUDA failure\n%s", v, err, out)
+		}
+		// The probe's verdict still names the real torch it found.
+		if !strings.Contains(out, `"torch":"1.13`) || !strings.Contains(out, `"simulated":true`) {
+			t.Errorf("probe output lacks the torch version or the simulated mark:\n%s", out)
+		}
+
+		st := p.Provision(ctx, provision.Want{Ref: cpuRef})
+		if st.State != provision.Failed || len(st.Attempts) != 1 || st.Attempts[0].Stage != "probe" {
+			t.Fatalf("state %s attempts %+v: %s", st.State, st.Attempts, st.Detail)
+		}
+		if !strings.Contains(st.Detail, "this torch build has no CUDA support (torch.version.cuda is empty)") {
+			t.Errorf("detail lacks the no-CUDA reason: %s", st.Detail)
+		}
+		assertNoPins(t, rt)
+	})
+
+	t.Run("stand-in torch with CUDA passes, device work simulated", func(t *testing.T) {
+		st := p.Provision(ctx, provision.Want{Ref: fakeRef})
+		if st.State != provision.Ready || !st.Simulated || st.Verdict == nil {
+			t.Fatalf("state %s: %s\n%s", st.State, st.Detail, st.ProbeOutput)
+		}
+		v := st.Verdict
+		if !v.Simulated || v.Runtime["probe"] != "torch" || v.Runtime["arch_list_from"] != "torch._C._cuda_getArchFlags()" {
+			t.Errorf("verdict = %+v", v)
+		}
+		if len(v.Devices) != 1 || v.Devices[0].UUID != testenv.H100UUID || !strings.Contains(v.Devices[0].Detail, "kernels: sm_90") {
+			t.Errorf("devices = %+v", v.Devices)
+		}
+		for _, c := range []string{"bf16 matmul", "CUDA driver initialisation", "import vllm._C (it needs libcuda.so.1"} {
+			if !hasCheck(v, c) {
+				t.Errorf("simulated checks %q lack %q", v.SimulatedChecks, c)
+			}
+		}
+		pin, err := rt.GetPin(ctx, "vllm:1.0")
+		if err != nil || pin == nil || !pin.Simulated {
+			t.Fatalf("pin = %+v, %v", pin, err)
+		}
+	})
+}
+
+// TestSimulatedCUDAProbeNeedsGlibc runs the cuda probe in images without a
+// glibc loader: it cannot start there on any node, and the reason says so.
+func TestSimulatedCUDAProbeNeedsGlibc(t *testing.T) {
+	needProbeBinaries(t)
+	ctx := context.Background()
+	app, err := sandbox.FileLayer(map[string][]byte{"app/engine": []byte("#!not really\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scratch, err := sandbox.BareImage(sandbox.ImageSpec{Layers: []v1.Layer{app}, Env: []string{"PATH=/app"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	busybox, err := sandbox.Image(sandbox.ImageSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		img  v1.Image
+	}{{"scratch", scratch}, {"static busybox", busybox}} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := testenv.Registry(t)
+			rt := testenv.Runtime(t)
+			ref := publish(t, reg, "app", variantImage{images.Metadata{Engine: "app", Variant: "cu129", CUDA: "12.9", Probe: "cuda"}, tc.img})
+			st := newProvisioner(t, rt, h100("575.57.08", "12.9")).Provision(ctx, provision.Want{Ref: ref})
+			if st.State != provision.Failed || !strings.Contains(st.Detail, "this image has no glibc loader; the cuda probe needs glibc") {
+				t.Fatalf("state %s: %s", st.State, st.Detail)
+			}
+			if strings.Contains(strings.SplitN(st.Detail, "\n", 2)[0], "no such file or directory") {
+				t.Errorf("the reason still reads as a missing file: %s", st.Detail)
+			}
+			assertNoPins(t, rt)
+		})
+	}
+}
+
+// TestSimulatedDistrolessImage runs probes in an image with glibc and
+// nothing else, no shell: the cuda probe and the sim probe both need none.
+func TestSimulatedDistrolessImage(t *testing.T) {
+	needProbeBinaries(t)
+	ctx := context.Background()
+	glibc, err := sandbox.GlibcLayer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := func(env ...string) v1.Image {
+		img, err := sandbox.BareImage(sandbox.ImageSpec{Layers: []v1.Layer{glibc}, Env: append([]string{"PATH=/usr/bin"}, env...)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return img
+	}
+	meta := images.Metadata{Engine: "app", Variant: "cu129", CUDA: "12.9", Probe: "cuda"}
+	tests := []struct {
+		name       string
+		img        v1.Image
+		wantState  provision.State
+		wantDetail string   // in the status detail (failures)
+		wantChecks []string // in the verdict's simulated checks
+		wantOutput []string // in the probe output
+	}{
+		{
+			name: "cuda probe", img: image(), wantState: provision.Ready,
+			wantChecks: []string{"libcuda.so.1 from the node's driver", "PTX saxpy"},
+			wantOutput: []string{`"libcuda":"not in the image, as expected`},
+		},
+		{
+			name: "emulated by the sim probe", img: image("GPUPIN_SIM_PROBE=emulate", "CUDA_VERSION=12.9.1"), wantState: provision.Ready,
+			wantChecks: []string{"emulated by gpupin-sim-probe"},
+			// The box, as the container sees it, with no shell to look.
+			wantOutput: []string{"GPUPIN-SIM net=lo\n", "GPUPIN-SIM rootfs-writable=no\n", "GPUPIN-SIM capeff=0000000000000000\n", "GPUPIN-SIM nonewprivs=1\n"},
+		},
+		{
+			name: "sim probe told to fail", img: image("GPUPIN_SIM_PROBE=fail"), wantState: provision.Failed,
+			wantDetail: "simulated failure: GPUPIN_SIM_PROBE=fail",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := testenv.Registry(t)
+			rt := testenv.Runtime(t)
+			ref := publish(t, reg, "app", variantImage{meta, tt.img})
+			st := newProvisioner(t, rt, h100("575.57.08", "12.9")).Provision(ctx, provision.Want{Ref: ref})
+			if st.State != tt.wantState || !strings.Contains(st.Detail, tt.wantDetail) {
+				t.Fatalf("state %s, want %s: %s", st.State, tt.wantState, st.Detail)
+			}
+			if tt.wantState != provision.Ready {
+				assertNoPins(t, rt)
+				return
+			}
+			for _, c := range tt.wantChecks {
+				if !hasCheck(st.Verdict, c) {
+					t.Errorf("simulated checks %q lack %q", st.Verdict.SimulatedChecks, c)
+				}
+			}
+			for _, o := range tt.wantOutput {
+				if !strings.Contains(st.ProbeOutput, o) {
+					t.Errorf("probe output lacks %q:\n%s", o, st.ProbeOutput)
+				}
+			}
+			if len(st.Verdict.Devices) != 1 || st.Verdict.Devices[0].UUID != testenv.H100UUID {
+				t.Errorf("devices = %+v", st.Verdict.Devices)
+			}
+		})
+	}
+}
+
+// selfTest is an image's own self-test (the exec probe), a shell script on
+// busybox: it reports the simulated devices when told the node is
+// simulated, what it would otherwise have done on a GPU.
+const selfTest = `if [ "$GPUPIN_SIMULATED" = 1 ]; then
+  echo "GPUPIN-PROBE {\"ok\":$SELFTEST_OK,\"devices\":$GPUPIN_SIM_DEVICES,\"detail\":\"self-test: simulated node $GPUPIN_SIM_NODE_CUDA\"}"
+else
+  echo "GPUPIN-PROBE {\"ok\":false,\"devices\":[],\"detail\":\"self-test: GPUPIN_SIMULATED=$GPUPIN_SIMULATED, a real node\"}"
+fi
+[ "$SELFTEST_OK" = true ]`
+
+func TestSimulatedExecProbeSelfTestVerdictCounts(t *testing.T) {
+	ctx := context.Background()
+	argv, _ := json.Marshal([]string{"/bin/sh", "-c", selfTest})
+	for _, tc := range []struct {
+		ok         string
+		wantState  provision.State
+		wantDetail string
+	}{
+		{"true", provision.Ready, ""},
+		{"false", provision.Failed, "self-test: simulated node 12.9"},
+	} {
+		t.Run("ok="+tc.ok, func(t *testing.T) {
+			img, err := sandbox.Image(sandbox.ImageSpec{Env: []string{"SELFTEST_OK=" + tc.ok}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			reg := testenv.Registry(t)
+			rt := testenv.Runtime(t)
+			ref := publish(t, reg, "selftest", variantImage{images.Metadata{Engine: "selftest", Variant: "cu129", CUDA: "12.9", Probe: "exec", ProbeExec: string(argv)}, img})
+			st := newProvisioner(t, rt, h100("575.57.08", "12.9")).Provision(ctx, provision.Want{Ref: ref})
+			if st.State != tc.wantState || !strings.Contains(st.Detail, tc.wantDetail) {
+				t.Fatalf("state %s, want %s: %s\n%s", st.State, tc.wantState, st.Detail, st.ProbeOutput)
+			}
+			if tc.wantState == provision.Ready {
+				// The self-test named no simulated checks: gpupin says what was not done.
+				if v := st.Verdict; !v.Simulated || !hasCheck(v, "all device work") || v.Runtime["probe"] != "exec" {
+					t.Fatalf("verdict = %+v", v)
+				}
+			} else {
+				assertNoPins(t, rt)
+			}
+		})
+	}
+}
+
+// TestSimulatedModeRefusedOnRealNode runs probes on facts that are not
+// simulated (with no GPU injected, since this machine has none): an image
+// cannot switch a probe into its simulated mode, and a verdict that names
+// simulated checks proves nothing there.
+func TestSimulatedModeRefusedOnRealNode(t *testing.T) {
+	ctx := context.Background()
+	realNode := *h100("575.57.08", "12.9")
+	realNode.Simulated = false
+	tests := []struct {
+		name       string
+		script     string
+		wantReason string
+	}{
+		{
+			name:       "image sets it",
+			script:     `echo "GPUPIN-PROBE {\"ok\":false,\"devices\":[],\"detail\":\"GPUPIN_SIMULATED=$GPUPIN_SIMULATED\"}"; exit 1`,
+			wantReason: "GPUPIN_SIMULATED=0",
+		},
+		{
+			name: "simulated checks",
+			script: `echo 'GPUPIN-PROBE {"ok":true,"devices":[{"index":0,"uuid":"` + testenv.H100UUID +
+				`","name":"x","cc":"9.0","tflops":1,"max_abs_err":0}],"simulated_checks":["the matmul"]}'`,
+			wantReason: "the probe simulated checks on a node with GPUs (the matmul)",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			argv, _ := json.Marshal([]string{"/bin/sh", "-c", tt.script})
+			img, err := sandbox.Image(sandbox.ImageSpec{Env: []string{"GPUPIN_SIMULATED=1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			reg := testenv.Registry(t)
+			rt := testenv.Runtime(t)
+			ref := publish(t, reg, "selftest", variantImage{images.Metadata{Engine: "selftest", Variant: "cu129", CUDA: "12.9", Probe: "exec", ProbeExec: string(argv)}, img})
+			p := newProvisioner(t, rt, &realNode, provision.WithGPUs(runtime.GPUs{Mode: runtime.GPUNone}))
+			st := p.Provision(ctx, provision.Want{Ref: ref})
+			if st.State != provision.Failed || !strings.Contains(st.Detail, tt.wantReason) {
+				t.Fatalf("state %s: %s", st.State, st.Detail)
+			}
+			assertNoPins(t, rt)
+		})
+	}
+}
