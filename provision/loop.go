@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -398,7 +399,8 @@ func (l *Loop) changed(e *entry) {
 // launch starts the due entries, changed ones first, up to Parallel.
 func (l *Loop) launch(ctx context.Context, now time.Time, results chan<- loopResult) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	var news []Status
+	defer func() { l.mu.Unlock(); l.report(news) }()
 	var due []*entry
 	keys := map[*entry]string{}
 	for _, k := range l.order {
@@ -409,8 +411,21 @@ func (l *Loop) launch(ctx context.Context, now time.Time, results chan<- loopRes
 		}
 	}
 	sort.SliceStable(due, func(i, j int) bool { return due[i].due.Before(due[j].due) })
-	for _, e := range due {
+	for i, e := range due {
 		if l.inFlight >= l.opts.Parallel {
+			// Say what the rest wait for: a slot, not a registry.
+			var running []string
+			for _, k := range l.order {
+				if r := l.entries[k]; r.running != nil {
+					running = append(running, r.status.Key)
+				}
+			}
+			for _, w := range due[i:] {
+				if w.status.State == Pending {
+					w.status.Detail = fmt.Sprintf("waiting for one of %d provision slots, taken by %s", l.opts.Parallel, strings.Join(running, ", "))
+				}
+			}
+			news = l.pendingReports()
 			return
 		}
 		rctx, cancel := context.WithCancel(ctx)
@@ -477,8 +492,8 @@ func (l *Loop) finish(r loopResult) {
 // restore puts back the last settled status after a dropped run, so an
 // intermediate state of a cancelled run is not left on show.
 func (l *Loop) restore(e *entry) []Status {
-	if s := e.status.State; s == Pulling || s == Probing {
-		if e.reported != nil && e.reported.State != Pulling && e.reported.State != Probing {
+	if underWay(e.status.State) {
+		if e.reported != nil && !underWay(e.reported.State) {
 			e.status = *e.reported
 		} else {
 			e.status = l.pending(e)
@@ -522,7 +537,7 @@ func (l *Loop) observe(st Status) {
 			match = e
 		}
 	}
-	if match == nil || (st.State != Pulling && st.State != Probing) {
+	if match == nil || !underWay(st.State) {
 		// Final states come with the run's result, which knows its generation.
 		l.mu.Unlock()
 		return
@@ -545,7 +560,7 @@ func (l *Loop) pendingReports() []Status {
 		if r := e.reported; r != nil && r.State == e.status.State && r.Detail == e.status.Detail && r.Pinned == e.status.Pinned {
 			continue
 		}
-		if e.failures > 0 && (e.status.State == Pulling || e.status.State == Probing) {
+		if e.failures > 0 && underWay(e.status.State) {
 			// A retry after a failure goes quietly: only its outcome is
 			// reported, and only if it differs from the failure before.
 			continue
@@ -591,3 +606,6 @@ func (l *Loop) engineOf(e *entry) string {
 	}
 	return e.engine
 }
+
+// underWay reports the states of a provision still running.
+func underWay(s State) bool { return s == Resolving || s == Pulling || s == Probing }

@@ -219,7 +219,7 @@ func TestLoopSimulatedWantChangeProvisionsAtOnce(t *testing.T) {
 	for _, c := range le.rec.changes {
 		states = append(states, c.State)
 	}
-	if want := []provision.State{provision.Pending, provision.Pulling, provision.Probing, provision.Ready}; !equalStates(states, want) {
+	if want := []provision.State{provision.Pending, provision.Resolving, provision.Pulling, provision.Probing, provision.Ready}; !equalStates(states, want) {
 		t.Errorf("reported states %v, want %v", states, want)
 	}
 
@@ -303,7 +303,7 @@ func TestLoopSimulatedOverrideChangeTakesEffectAtOnce(t *testing.T) {
 		first := le.rec.await(t, 30*time.Second, "a change after override "+s.override, func(provision.Status) bool { return true })
 		t.Logf("override %s acted on %s after the change", s.override, time.Since(start))
 		got := first
-		if got.State == provision.Pulling || got.State == provision.Probing {
+		if got.State == provision.Resolving || got.State == provision.Pulling || got.State == provision.Probing {
 			got = le.rec.await(t, 30*time.Second, "settled after override "+s.override, stateIs(provision.Ready, provision.Failed, provision.Disabled))
 		}
 		if got.State != s.state || got.Variant != s.variant || got.Override != s.override {

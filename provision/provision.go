@@ -126,8 +126,12 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 	if err != nil {
 		return st.fail(err)
 	}
-	st.State, st.Detail = Resolving, "resolving "+w.Ref
-	p.emit(st)
+	if pin, _ := p.pinFor(w, pins, facts); pin == nil || !facts.Supported() {
+		// Said only when the registry is asked: a pin that answers is no
+		// resolution, and reports none.
+		st.State, st.Detail = Resolving, "resolving "+w.Ref
+		p.emit(st)
+	}
 	pl, err := p.plan(ctx, w, facts, pins)
 	if err != nil {
 		return st.fail(cause(ctx, err))
@@ -278,8 +282,9 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 	return pin, verdict, attempt
 }
 
-// pullWatch reports a pull that stopped moving, so a status says
-// "stalled 40s" rather than a bare "pulling" while the registry is silent.
+// pullWatch reports a pull that stopped moving (less than 32 KiB since
+// the last look), so a status says "stalled 40s" rather than a bare
+// "pulling" while the registry is silent or trickles.
 // Once every byte is in, the pull is unpacking, which is not a stall.
 type pullWatch struct {
 	mu        sync.Mutex
@@ -292,7 +297,7 @@ type pullWatch struct {
 func (p *Provisioner) watchPull(ctx context.Context, st Status) *pullWatch {
 	w := &pullWatch{last: time.Now(), stopped: make(chan struct{})}
 	go func() {
-		t := time.NewTicker(5 * time.Second)
+		t := time.NewTicker(time.Second)
 		defer t.Stop()
 		base := st.Detail
 		for {
@@ -310,8 +315,13 @@ func (p *Provisioner) watchPull(ctx context.Context, st Status) *pullWatch {
 			switch {
 			case unpacking:
 				detail = base + " (unpacking)"
-			case idle >= 10*time.Second:
-				detail = fmt.Sprintf("%s (stalled %s)", base, idle)
+			case idle >= 5*time.Second:
+				// In coarse steps: each is a change reported and logged.
+				step := 5 * time.Second
+				if idle >= 30*time.Second {
+					step = 30 * time.Second
+				}
+				detail = fmt.Sprintf("%s (stalled %s)", base, idle.Truncate(step))
 			}
 			if detail != st.Detail {
 				st.Detail = detail
@@ -325,7 +335,9 @@ func (p *Provisioner) watchPull(ctx context.Context, st Status) *pullWatch {
 func (w *pullWatch) progress(pr runtime.Progress) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if pr.Done != w.done {
+	// A byte now and then is no progress: as the registry policy judges a
+	// stall, so does the status.
+	if pr.Done-w.done >= registry.DefaultStallBytes || (pr.Done != w.done && pr.Done >= pr.Total) {
 		w.done, w.last = pr.Done, time.Now()
 	}
 	w.unpacking = pr.Layers > 0 && pr.Total > 0 && pr.Done >= pr.Total
