@@ -57,8 +57,8 @@ type BuildResult struct {
 	Publish *Result `json:"publish,omitempty"`
 }
 
-// EpochFromEnv reads SOURCE_DATE_EPOCH (seconds); unset means 0.
-func EpochFromEnv() (time.Time, error) {
+// epochFromEnv reads SOURCE_DATE_EPOCH (seconds); unset means 0.
+func epochFromEnv() (time.Time, error) {
 	s := os.Getenv("SOURCE_DATE_EPOCH")
 	if s == "" {
 		return time.Unix(0, 0).UTC(), nil
@@ -81,13 +81,13 @@ func Build(ctx context.Context, opts BuildOptions) (*BuildResult, error) {
 		return nil, err
 	}
 	if opts.Push && s.Repository == "" {
-		return nil, fmt.Errorf("repository: required with --push")
+		return nil, fmt.Errorf("repository: required to push")
 	}
 	var epoch time.Time
 	if opts.Epoch != nil {
 		epoch = opts.Epoch.UTC()
 	} else {
-		e, err := EpochFromEnv()
+		e, err := epochFromEnv()
 		if err != nil {
 			return nil, err
 		}
@@ -140,7 +140,7 @@ func Build(ctx context.Context, opts BuildOptions) (*BuildResult, error) {
 	}
 	if opts.Output != "" {
 		if err := writeLayout(opts.Output, p); err != nil {
-			return nil, fmt.Errorf("--output %s: %w", opts.Output, err)
+			return nil, fmt.Errorf("output %s: %w", opts.Output, err)
 		}
 		res.Output = opts.Output
 	}

@@ -191,23 +191,23 @@ func remoteOptions(ctx context.Context, opts PublishOptions) []remote.Option {
 func makePlan(ctx context.Context, opts PublishOptions) (*plan, error) {
 	ref, err := parseRef(opts.Tag, opts.Insecure)
 	if err != nil {
-		return nil, fmt.Errorf("--tag: %w", err)
+		return nil, fmt.Errorf("tag: %w", err)
 	}
 	tag, ok := ref.(name.Tag)
 	last := opts.Tag[strings.LastIndex(opts.Tag, "/")+1:]
 	if !ok || !strings.Contains(last, ":") || strings.Contains(opts.Tag, "@") {
-		return nil, fmt.Errorf("--tag %q: want REPO:VERSION, e.g. registry.example.com/org/vllm:0.11.0", opts.Tag)
+		return nil, fmt.Errorf("tag %q: want REPO:VERSION, e.g. registry.example.com/org/vllm:0.11.0", opts.Tag)
 	}
 	p := &plan{tag: tag, version: tag.TagStr()}
 	if len(opts.Variants) == 0 {
-		return nil, fmt.Errorf("no variants: give at least one --variant NAME=REF")
+		return nil, fmt.Errorf("no variants: give at least one (a name and an image reference)")
 	}
 	for k := range opts.Annotations {
 		if strings.HasPrefix(k, "io.gpupin.") {
-			return nil, fmt.Errorf("--annotation %s: io.gpupin.* annotations are filled by publish from the images; set them through labels or options", k)
+			return nil, fmt.Errorf("annotation %s: io.gpupin.* annotations are filled by publish from the images; set them through labels or options", k)
 		}
 		if k == "" {
-			return nil, fmt.Errorf("--annotation: empty key")
+			return nil, fmt.Errorf("annotation: empty key")
 		}
 	}
 	seen := map[string]bool{}
@@ -353,7 +353,7 @@ func pickEngine(opt string, tag name.Tag, all []*variantImages) (string, error) 
 				continue
 			}
 			if opt != "" && e != opt {
-				return "", fmt.Errorf("variant %s (%s): image label %s=%q contradicts --engine %s", vi.name, si.platform, images.AnnotationEngine, e, opt)
+				return "", fmt.Errorf("variant %s (%s): image label %s=%q contradicts the engine asked for, %s", vi.name, si.platform, images.AnnotationEngine, e, opt)
 			}
 			if label != "" && e != label {
 				return "", fmt.Errorf("variant %s (%s): image label %s=%q, but another variant says %q", vi.name, si.platform, images.AnnotationEngine, e, label)
@@ -400,7 +400,7 @@ func checkPlatforms(all []*variantImages, allowPartial bool, warnings *[]string)
 		return nil
 	}
 	if !allowPartial {
-		return fmt.Errorf("%s (nodes on that platform would lose the variant; pass --allow-partial-platforms to publish anyway)", strings.Join(problems, "; "))
+		return fmt.Errorf("%s (nodes on that platform would lose the variant; allow partial platforms to publish anyway)", strings.Join(problems, "; "))
 	}
 	*warnings = append(*warnings, problems...)
 	return nil

@@ -17,6 +17,6 @@ func (noNVML) Read(context.Context) (*Facts, error) {
 	return &Facts{
 		Platform:    HostPlatform(),
 		GPUs:        []GPU{},
-		Unsupported: "built without NVML (cgo disabled or the nonvml tag); pass --node FILE with node facts",
+		Unsupported: "built without NVML (cgo disabled or the nonvml tag); read node facts from a file instead (node.File; what `gpupin detect --json` prints)",
 	}, nil
 }

@@ -39,7 +39,7 @@ func Select(annotation, engine, fallback string) (Kind, error) {
 	if f := strings.TrimSpace(fallback); f != "" {
 		k, err := lookupKind(f, append(imageKinds[:len(imageKinds):len(imageKinds)], Sim))
 		if err != nil {
-			return "", fmt.Errorf("--probe: %w", err)
+			return "", fmt.Errorf("default probe: %w", err)
 		}
 		return k, nil
 	}

@@ -25,7 +25,7 @@ func TestSelect(t *testing.T) {
 		{name: "engine family", engine: "vllm-openai", fallback: "cuda", want: Torch},
 		{name: "fallback", fallback: "exec", want: Exec},
 		{name: "fallback sim", fallback: "sim", want: Sim},
-		{name: "fallback unknown", fallback: "gpu", wantErr: `--probe: unknown probe "gpu" (accepted: torch, cuda, exec, sim)`},
+		{name: "fallback unknown", fallback: "gpu", wantErr: `default probe: unknown probe "gpu" (accepted: torch, cuda, exec, sim)`},
 		{name: "nothing", want: CUDA},
 	}
 	for _, tt := range tests {

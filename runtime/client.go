@@ -72,7 +72,7 @@ func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error)
 		r.registry = registry.New(registry.Config{})
 	}
 	if _, err := os.Stat(address); err != nil {
-		return nil, fmt.Errorf("containerd socket %s: %w (is containerd running? --address or CONTAINERD_ADDRESS names another)", address, err)
+		return nil, fmt.Errorf("containerd socket %s: %w (is containerd running, and at that address?)", address, err)
 	}
 	c, err := client.New(address, client.WithDefaultNamespace(r.namespace), client.WithTimeout(10*time.Second))
 	if err != nil {

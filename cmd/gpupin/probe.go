@@ -73,12 +73,22 @@ func runProbe(c *cli.Context) error {
 		fmt.Fprintf(c.App.Writer, "probe of %s in %s\n", ref, took.Round(time.Millisecond))
 		if verdict != nil {
 			for _, d := range verdict.Devices {
+				if verdict.Simulated {
+					fmt.Fprintf(c.App.Writer, "  gpu %d: %s (cc %s), simulated\n", d.Index, d.Name, d.CC)
+					continue
+				}
 				fmt.Fprintf(c.App.Writer, "  gpu %d: %s (cc %s) %.1f TFLOP/s, max abs err %.3g\n", d.Index, d.Name, d.CC, d.TFLOPS, d.MaxAbsErr)
 			}
+			for _, check := range verdict.SimulatedChecks {
+				fmt.Fprintf(c.App.Writer, "  simulated: %s\n", check)
+			}
 		}
-		if err != nil {
+		switch {
+		case err != nil:
 			fmt.Fprintln(c.App.Writer, err)
-		} else {
+		case verdict != nil && verdict.Simulated:
+			fmt.Fprintf(c.App.Writer, "PASSED (SIMULATED: %d checks simulated, the rest checked for real)\n", len(verdict.SimulatedChecks))
+		default:
 			fmt.Fprintln(c.App.Writer, "PASSED")
 		}
 	}

@@ -47,7 +47,11 @@ func connect(c *cli.Context, policy *registry.Policy) (*runtime.Runtime, error) 
 	if r := lineageString(c, "runc-root"); r != "" {
 		opts = append(opts, runtime.WithRuncRoot(r))
 	}
-	return runtime.Connect(c.Context, lineageString(c, "address"), opts...)
+	rt, err := runtime.Connect(c.Context, lineageString(c, "address"), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w; --address or CONTAINERD_ADDRESS names another socket", err)
+	}
+	return rt, nil
 }
 
 // session is what a command that provisions or probes works with.
