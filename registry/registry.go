@@ -116,7 +116,7 @@ func (p *Policy) Hosts(ctx context.Context) docker.RegistryHosts {
 		}
 		// Loopback is left to containerd's own rule, as ctr and kubelet see
 		// it: HTTPS first (unverified), falling back to plain HTTP.
-		hosts, err := config.ConfigureHosts(ctx, opts)(host)
+		hosts, err := config.ConfigureHosts(LogContext(ctx), opts)(host)
 		if err != nil {
 			return nil, fmt.Errorf("registry %s: hosts configuration in %s: %w", host, p.cfg.HostsDir, err)
 		}

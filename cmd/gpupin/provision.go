@@ -112,7 +112,14 @@ func writeStatus(w io.Writer, st provision.Status) {
 	}
 	if st.Verdict != nil {
 		for _, d := range st.Verdict.Devices {
+			if st.Verdict.Simulated {
+				fmt.Fprintf(w, "  gpu %d:    %s (cc %s), simulated\n", d.Index, d.Name, d.CC)
+				continue
+			}
 			fmt.Fprintf(w, "  gpu %d:    %s (cc %s) %.1f TFLOP/s, max abs err %.3g\n", d.Index, d.Name, d.CC, d.TFLOPS, d.MaxAbsErr)
+		}
+		for _, check := range st.Verdict.SimulatedChecks {
+			fmt.Fprintf(w, "  simulated: %s\n", check)
 		}
 	}
 }
