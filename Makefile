@@ -10,7 +10,7 @@ CONTAINERD2 ?= $(GPUPIN_TOOLS)/containerd-2.4.2
 STATICCHECK ?= $(GPUPIN_TOOLS)/staticcheck
 TESTFLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all deps build build-nocgo demo test check test-containerd1 test-containerd2 require-root fmt bench bench-publish fuzz clean
+.PHONY: all deps build build-nocgo image demo test check test-containerd1 test-containerd2 require-root fmt bench bench-publish fuzz clean
 
 all: build
 
@@ -23,6 +23,18 @@ build:
 # The no-cgo build: no NVML, says so at run time.
 build-nocgo:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/gpupin-nocgo ./cmd/gpupin
+
+# gpupin's own container image (gpupin, the cuda and sim probes, glibc, CA
+# certificates), assembled by `gpupin build` as an OCI layout in
+# $(IMAGE_OUT)/layout, with $(IMAGE_OUT)/daemonset.yaml naming it by digest.
+# `make image PUSH=1` publishes it as $(IMAGE_REPO):$(IMAGE_VERSION), the
+# image deploy/kubernetes/daemonset.yaml names (registry credentials from
+# the Docker config, as for gpupin publish).
+IMAGE_REPO    ?= ghcr.io/gpupin/gpupin
+IMAGE_VERSION ?= 0.1.0
+IMAGE_OUT     ?= $(BIN)/image
+image:
+	PUSH=$(PUSH) GO=$(GO) ./deploy/image/build.sh $(IMAGE_OUT) $(IMAGE_REPO) $(IMAGE_VERSION)
 
 # What a fresh Debian machine lacks (containerd, runc, busybox-static,
 # docker-registry, skopeo, …; containerd 2.4.2, crictl, staticcheck built

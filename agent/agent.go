@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,19 @@ type Options struct {
 	// agent) is stopped within it. Default DefaultSweepEvery; negative: no
 	// periodic sweep.
 	SweepEvery time.Duration
+	// Recoverer puts back pins other clients of containerd took (kubelet's
+	// image GC, a pull of a pinned reference), on the same timer as the
+	// sweep; nil: the PinLister, when it is one (a *runtime.Runtime is).
+	Recoverer Recoverer
+	// NFDFeaturesDir is node-feature-discovery's features.d directory:
+	// the agent keeps a file there (FeatureFile) with a label per ready
+	// engine, gpupin.io/ENGINE-VERSION=VARIANT. Empty: no file.
+	NFDFeaturesDir string
+}
+
+// Recoverer restores pins other clients took (runtime.Runtime.Recover).
+type Recoverer interface {
+	Recover(ctx context.Context) ([]runtime.Recovered, error)
 }
 
 // DefaultSweepEvery is the default Options.SweepEvery. A sweep is three
@@ -74,6 +88,8 @@ type Agent struct {
 	apiWants []provision.Want // nil: the file's wants hold
 	fileOv   map[string]string
 
+	features *FeatureFile // nil: no NFD feature file
+
 	watching chan struct{} // closed once Watch sees the files' directories
 	reloads  atomic.Int64  // reloads Watch has done
 	sweeps   atomic.Int64  // periodic sweeps Watch has done
@@ -87,10 +103,51 @@ func New(loop *provision.Loop, pins PinLister, opts Options) *Agent {
 	if opts.Sweeper == nil {
 		opts.Sweeper, _ = pins.(Sweeper)
 	}
+	if opts.Recoverer == nil {
+		opts.Recoverer, _ = pins.(Recoverer)
+	}
 	if opts.SweepEvery == 0 {
 		opts.SweepEvery = DefaultSweepEvery
 	}
-	return &Agent{loop: loop, pins: pins, opts: opts, cfg: &Config{}, fileOv: map[string]string{}, watching: make(chan struct{})}
+	a := &Agent{loop: loop, pins: pins, opts: opts, cfg: &Config{}, fileOv: map[string]string{}, watching: make(chan struct{})}
+	if opts.NFDFeaturesDir != "" {
+		f, err := NewFeatureFile(opts.NFDFeaturesDir)
+		if err != nil {
+			// Only what an earlier run wrote is lost: labels of engines
+			// not yet looked at go until their first pass.
+			opts.Logger.Warn("NFD feature file: starting from none", "err", err)
+			f = &FeatureFile{Path: filepath.Join(opts.NFDFeaturesDir, NFDFileName)}
+		}
+		a.features = f
+	}
+	return a
+}
+
+// StatusChanged is the loop's OnChange for an agent: the NFD feature file
+// follows every change of an engine's state (provision.LoopOptions.OnChange).
+func (a *Agent) StatusChanged(provision.Status) { a.SyncFeatures() }
+
+// SyncFeatures writes the NFD feature file from the engines' statuses if
+// it changed; without Options.NFDFeaturesDir it does nothing.
+func (a *Agent) SyncFeatures() {
+	if a.features == nil {
+		return
+	}
+	wrote, err := a.features.Sync(a.loop.Status())
+	switch {
+	case err != nil:
+		a.opts.Logger.Error("NFD feature file not written; node labels may be stale", "path", a.features.Path, "err", err)
+	case wrote:
+		a.opts.Logger.Info("NFD feature file written", "path", a.features.Path)
+	}
+}
+
+// FeaturesPath is the NFD feature file the agent keeps, or "".
+func (a *Agent) FeaturesPath() string {
+	if a.features == nil {
+		return ""
+	}
+	return a.features.Path
 }
 
 // Loop is the loop the agent feeds.
@@ -147,6 +204,8 @@ func (a *Agent) apply() error {
 	if err := a.loop.SetWants(wants); err != nil {
 		return fmt.Errorf("wants: %w", err)
 	}
+	// An engine no longer wanted reports no change: its line goes here.
+	a.SyncFeatures()
 	return nil
 }
 

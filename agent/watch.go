@@ -53,7 +53,7 @@ func (a *Agent) Watch(ctx context.Context) error {
 		dirs[d] = true
 	}
 	close(a.watching)
-	if a.opts.Sweeper != nil && a.opts.SweepEvery > 0 {
+	if (a.opts.Sweeper != nil || a.opts.Recoverer != nil || a.features != nil) && a.opts.SweepEvery > 0 {
 		// Its own goroutine: a sweep that kills a probe waits for it, and
 		// reloads must not wait on that.
 		swept := make(chan struct{})
@@ -100,14 +100,39 @@ func (a *Agent) sweepEvery(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		s, err := a.opts.Sweeper.SweepOrphans(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			a.opts.Logger.Warn("periodic sweep of leftovers failed", "err", err)
-		case s.Containers+s.Leases+s.Candidates > 0:
-			a.opts.Logger.Info("swept leftovers of interrupted runs", "containers", s.Containers, "leases", s.Leases, "candidates", s.Candidates, "periodic", true)
+		if a.opts.Sweeper != nil {
+			s, err := a.opts.Sweeper.SweepOrphans(ctx)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				a.opts.Logger.Warn("periodic sweep of leftovers failed", "err", err)
+			case s.Containers+s.Leases+s.Candidates > 0:
+				a.opts.Logger.Info("swept leftovers of interrupted runs", "containers", s.Containers, "leases", s.Leases, "candidates", s.Candidates, "periodic", true)
+			}
 		}
+		a.recover(ctx)
+		// Rewritten if someone removed or edited it.
+		a.SyncFeatures()
 		a.sweeps.Add(1)
+	}
+}
+
+// recover puts back pins that other clients took: kubelet's image GC on a
+// containerd whose CRI plugin does not keep pinned images (1.6), a pull of
+// a pinned reference. Each repair is logged; the loop's next pass answers
+// from the restored pin.
+func (a *Agent) recover(ctx context.Context) {
+	if a.opts.Recoverer == nil {
+		return
+	}
+	done, err := a.opts.Recoverer.Recover(ctx)
+	if err != nil && ctx.Err() == nil {
+		a.opts.Logger.Warn("recovering pins failed", "err", err)
+	}
+	for _, r := range done {
+		a.opts.Logger.Info("pin "+r.Action, "key", r.Key, "ref", r.Ref, "detail", r.Detail)
+	}
+	if len(done) > 0 {
+		a.loop.Kick()
 	}
 }
 

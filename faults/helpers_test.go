@@ -97,6 +97,9 @@ func gpupinRecords(t *testing.T, rt *runtime.Runtime) []string {
 	}
 	var out []string
 	for _, img := range imgs {
+		if img.Labels[runtime.LabelLocal] != "" {
+			continue // a pin's node-local name: part of the pin, not a record of its own
+		}
 		for k := range img.Labels {
 			if strings.HasPrefix(k, "io.gpupin.") {
 				out = append(out, img.Name)
@@ -137,18 +140,31 @@ func leftovers(t *testing.T, rt *runtime.Runtime, snapshotter string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	imgs, err := cl.ImageService().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A pin's lease and its node-local name belong to the pin.
+	pinned := map[string]string{} // key -> digest
+	for _, img := range imgs {
+		if k := img.Labels[runtime.LabelPin]; k != "" {
+			pinned[k] = img.Target.Digest.String()
+		}
+	}
 	ls, err := cl.LeasesService().List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range ls {
+		if l.Labels[runtime.LabelRole] == runtime.PinLeaseRole && pinned[l.Labels[runtime.LabelPin]] != "" {
+			continue
+		}
 		out = append(out, fmt.Sprintf("lease %s %v", l.ID, l.Labels))
 	}
-	imgs, err := cl.ImageService().List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, img := range imgs {
+		if k := img.Labels[runtime.LabelLocal]; k != "" && pinned[k] == img.Target.Digest.String() {
+			continue
+		}
 		if img.Labels[runtime.LabelManaged] != "" && img.Labels[runtime.LabelPin] == "" && img.Labels[runtime.LabelPrevious] == "" {
 			out = append(out, fmt.Sprintf("unpinned record %s %v", img.Name, img.Labels))
 		}

@@ -36,6 +36,7 @@ type Runtime struct {
 	runcRoot    string
 	fifoDir     string
 	cdiDirs     []string
+	localPrefix string // of the node-local names (local.go)
 }
 
 // Opt configures a Runtime.
@@ -70,6 +71,12 @@ func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error)
 	}
 	if r.registry == nil {
 		r.registry = registry.New(registry.Config{})
+	}
+	if r.localPrefix == "" {
+		r.localPrefix = DefaultLocalPrefix
+	}
+	if err := checkLocalPrefix(r.localPrefix); err != nil {
+		return nil, err
 	}
 	if _, err := os.Stat(address); err != nil {
 		return nil, fmt.Errorf("containerd socket %s: %w (is containerd running, and at that address?)", address, err)

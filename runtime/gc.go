@@ -21,9 +21,24 @@ type Collected struct {
 // all also takes candidates that a process of another pid namespace left
 // more than a lease's life ago.
 // containerd's own garbage collector then frees the content.
+//
+// It recovers first (Pins runs Recover): a pin that another client removed or
+// relabelled is put back rather than collected, and a key without a pin
+// loses its local names and the lease on its content. A local name stays
+// while it points at its key's pin.
 func (r *Runtime) GC(ctx context.Context, all bool) (Collected, error) {
-	ctx = r.ctx(ctx)
 	var out Collected
+	ctx = r.ctx(ctx)
+	pins, err := r.Pins(ctx) // recovers first
+	if err != nil {
+		return out, fmt.Errorf("gc: %w", err)
+	}
+	pinned := map[string]string{} // key -> digest of its pin
+	for _, p := range pins {
+		if !p.Tampered {
+			pinned[p.Key] = p.Digest
+		}
+	}
 	used := map[string]bool{}
 	conts, err := r.client.Containers(ctx)
 	if err != nil {
@@ -44,6 +59,7 @@ func (r *Runtime) GC(ctx context.Context, all bool) (Collected, error) {
 		l := img.Labels
 		// A record repointed outside gpupin is no pin, whatever it is labelled.
 		keep := (l[LabelPin] != "" && !tampered(img)) || used[img.Name] ||
+			(l[LabelLocal] != "" && pinned[l[LabelLocal]] == img.Target.Digest.String()) ||
 			(l[LabelPrevious] != "" && !all && !tampered(img)) ||
 			(l[LabelRole] == "candidate" && ownerAlive(l[LabelOwner]) && !(all && staleForeign(l[LabelOwner], img.CreatedAt)))
 		if keep {

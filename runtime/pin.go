@@ -57,6 +57,12 @@ type Pin struct {
 	// says: someone repointed it. Such a record is no pin, and never runs.
 	Tampered  bool      `json:"tampered,omitempty"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Local is the node-local name (gpupin.local/ENGINE:VERSION) that
+	// points at this pin, for pods with imagePullPolicy: Never.
+	Local string `json:"local,omitempty"`
+	// Restored is when Recover last put the pin back after another
+	// client of containerd removed or relabelled its record.
+	Restored time.Time `json:"restored_at,omitzero"`
 }
 
 func (p Pin) labels() map[string]string {
@@ -82,7 +88,7 @@ func (p Pin) labels() map[string]string {
 
 // pinLabelKeys are every label a pin sets or clears, as update field paths.
 var pinLabelKeys = []string{LabelPin, LabelVariant, LabelSource, LabelNode, LabelProbedAt, LabelProbe, LabelVerdict,
-	LabelOverride, LabelCRIPinned, LabelSimulated, LabelPrevious, LabelRole, LabelOwner, LabelManaged}
+	LabelOverride, LabelCRIPinned, LabelSimulated, LabelPrevious, LabelRole, LabelOwner, LabelManaged, LabelRestored}
 
 func pinFromImage(img images.Image) Pin {
 	l := img.Labels
@@ -100,6 +106,7 @@ func pinFromImage(img images.Image) Pin {
 		p.Key, p.Previous = l[LabelPrevious], true
 	}
 	p.ProbedAt, _ = time.Parse(time.RFC3339Nano, l[LabelProbedAt])
+	p.Restored, _ = time.Parse(time.RFC3339, l[LabelRestored])
 	return p
 }
 
@@ -124,10 +131,22 @@ func newer(a, b Pin) bool {
 // never run. When two records claim one key (a crash between making a new
 // pin and demoting the old), the one written last wins; the next SetPin
 // demotes the other.
+//
+// It runs Recover first: a pin another client of containerd relabelled or
+// deleted is put back while its content remains, so whoever reads pins
+// (the provisioner first of all) answers from it without the registry.
 func (r *Runtime) Pins(ctx context.Context) ([]Pin, error) {
-	imgs, err := r.client.ImageService().List(r.ctx(ctx), fmt.Sprintf(`labels.%q`, LabelPin))
+	if _, err := r.Recover(ctx); err != nil {
+		return nil, err
+	}
+	ctx = r.ctx(ctx)
+	imgs, err := r.client.ImageService().List(ctx, fmt.Sprintf(`labels.%q`, LabelPin))
 	if err != nil {
 		return nil, fmt.Errorf("list pins: %w", err)
+	}
+	locals, err := r.localNames(ctx)
+	if err != nil {
+		return nil, err
 	}
 	best := map[string]Pin{}
 	var bad []Pin
@@ -143,6 +162,12 @@ func (r *Runtime) Pins(ctx context.Context) ([]Pin, error) {
 	}
 	out := make([]Pin, 0, len(best)+len(bad))
 	for _, p := range best {
+		for _, l := range locals[p.Key] {
+			if l.Target.Digest.String() == p.Digest {
+				p.Local = l.Name
+				break
+			}
+		}
 		out = append(out, p)
 	}
 	out = append(out, bad...)
@@ -261,6 +286,15 @@ func (r *Runtime) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
 	// The pin is in effect from here on. A demotion that fails now is
 	// finished by the next SetPin of the key, so it is not reported as a
 	// failed pin.
+	//
+	// Before the lock goes, the key's proof, its lease and its local name
+	// follow whichever record stands as the pin: one step, so the local
+	// name never points at an image another process just replaced. Should
+	// that fail, the pin still stands, and the next Pins (Recover) finishes it.
+	// Once now, before anything is demoted (so the old proof is gone before
+	// its record steps back: nothing can restore it), and once at the end.
+	r.fixKey(ctx, p.Key)
+	defer r.fixKey(ctx, p.Key)
 	if others, err = is.List(ctx, fmt.Sprintf(`labels.%q==%q`, LabelPin, p.Key)); err != nil {
 		return nil
 	}
@@ -310,7 +344,9 @@ func (r *Runtime) demote(ctx context.Context, img images.Image, key string) erro
 	return err
 }
 
-// Unpin removes the pin of key; the image stays, as a previous pin, until gc.
+// Unpin removes the pin of key and its local names; the image stays, as
+// a previous pin, until gc. A pin that another client took (and Recover
+// would put back) is unpinned too: its proof goes.
 func (r *Runtime) Unpin(ctx context.Context, key string) (*Pin, error) {
 	ctx = r.ctx(ctx)
 	unlock, err := r.lockPinKey(ctx, key)
@@ -318,17 +354,36 @@ func (r *Runtime) Unpin(ctx context.Context, key string) (*Pin, error) {
 		return nil, err
 	}
 	defer unlock()
-	imgs, err := r.client.ImageService().List(ctx, fmt.Sprintf(`labels.%q==%q`, LabelPin, key))
+	states, err := r.keyStates(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("unpin %s: %w", key, err)
 	}
-	if len(imgs) == 0 {
+	s := states[key]
+	if s == nil || (len(s.pins) == 0 && s.newest() == nil) {
 		return nil, fmt.Errorf("unpin %s: %w", key, errdefs.ErrNotFound)
 	}
-	p := pinFromImage(imgs[0])
-	for _, img := range imgs {
+	var p Pin
+	if best := s.best(); best != nil {
+		p = pinFromImage(*best)
+	} else if len(s.pins) > 0 {
+		p = pinFromImage(s.pins[0])
+	} else {
+		np := s.newest()
+		p = pinFromImage(images.Image{Name: np.Ref, Target: np.target(), Labels: np.Labels})
+	}
+	// The proof goes first: a record demoted while its proof stood could
+	// be put back by a Recover that saw it deleted in between.
+	if err := r.clearProofs(ctx, key, s); err != nil {
+		return nil, fmt.Errorf("unpin %s: %w", key, err)
+	}
+	for _, img := range s.pins {
 		if err := r.demote(ctx, img, key); err != nil {
 			return nil, fmt.Errorf("unpin %s: %w", key, err)
+		}
+	}
+	for _, l := range s.locals {
+		if err := r.client.ImageService().Delete(ctx, l.Name); err != nil && !errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("unpin %s: remove the local name %s: %w", key, l.Name, err)
 		}
 	}
 	return &p, nil

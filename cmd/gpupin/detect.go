@@ -19,7 +19,9 @@ func detectCommand() *cli.Command {
 		Usage:     "print this node's facts: driver, the CUDA it supports, every GPU",
 		UsageText: "gpupin [--node FILE] detect [--json]",
 		Description: "Reads NVML (or the facts file of --node, marked SIMULATED). " +
-			"`detect --json` prints the JSON that --node reads. Exit 3 on a node without a usable NVIDIA driver.",
+			"`detect --json` prints the JSON that --node reads. Exit 3 on a node without a usable NVIDIA driver. " +
+			"When containerd answers at --address, the text also says its version and whether its CRI plugin keeps pins " +
+			"from kubelet's image GC (containerd 1.6 has no notion of pinned images; gpupin restores pins there).",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print the facts as JSON (the shape --node reads)"},
 			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED)"},
@@ -29,12 +31,8 @@ func detectCommand() *cli.Command {
 }
 
 func runDetect(c *cli.Context) error {
-	args, err := trailingArgs(c)
-	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
-	}
-	if len(args) > 0 {
-		return cli.Exit(fmt.Sprintf("detect takes no arguments, got %q", args[0]), exitUsage)
+	if c.NArg() > 0 {
+		return cli.Exit(fmt.Sprintf("detect takes no arguments, got %q", c.Args().First()), exitUsage)
 	}
 	f, err := choiceNode(c)
 	if err != nil {
@@ -47,6 +45,7 @@ func runDetect(c *cli.Context) error {
 		}
 	} else {
 		writeFacts(w, f)
+		writeCRINote(c, w)
 	}
 	if !f.Supported() {
 		return cli.Exit("", exitNoResult)
@@ -81,6 +80,27 @@ func writeFacts(w io.Writer, f *node.Facts) {
 		fmt.Fprintf(w, "    memory: %s\n", mem)
 		fmt.Fprintf(w, "    mig:    %s\n", orDefault(g.MIG, "not reported"))
 	}
+}
+
+// writeCRINote says, when containerd answers, whether its CRI plugin keeps
+// pins from kubelet's image GC: containerd 1.6 has no notion of pinned
+// images, and an operator should know that gpupin restores pins there
+// rather than kubelet keeping them. Not in --json: that prints the facts
+// --node reads, and nothing else.
+func writeCRINote(c *cli.Context, w io.Writer) {
+	rt, err := connect(c, registryPolicy(c))
+	if err != nil {
+		fmt.Fprintf(w, "containerd:  not reached (%s)\n", firstLine(err.Error()))
+		return
+	}
+	defer rt.Close()
+	cri, err := rt.CRIPinning(c.Context)
+	if err != nil {
+		fmt.Fprintf(w, "containerd:  %s\n", err)
+		return
+	}
+	fmt.Fprintf(w, "containerd:  %s, namespace %s\n", cri.Version, rt.Namespace())
+	fmt.Fprintf(w, "  pinned:    %s\n", cri.Note)
 }
 
 // nodeSummary is one line about the node, for plan.
@@ -125,7 +145,14 @@ func lineageString(c *cli.Context, name string) string {
 			return x.String(name)
 		}
 	}
-	return lineage[len(lineage)-1].String(name)
+	// The default: the outermost context that has the flag. (urfave/cli
+	// puts a bare context above the app's, which has no flags at all.)
+	for i := len(lineage) - 1; i >= 0; i-- {
+		if v := lineage[i].String(name); v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 // choiceNode reads node facts from --node (at any level) or NVML.
@@ -138,72 +165,4 @@ func choiceNode(c *cli.Context) (*node.Facts, error) {
 		return nil, fmt.Errorf("read node facts: %w", err)
 	}
 	return f, nil
-}
-
-// trailingArgs returns the positional arguments, applying any flags that
-// follow them ("plan REF --json"): urfave/cli v2 stops parsing flags at the
-// first argument, and the documented usage puts them after. "--" ends flags.
-func trailingArgs(c *cli.Context) ([]string, error) {
-	in := c.Args().Slice()
-	var pos []string
-	for i := 0; i < len(in); i++ {
-		a := in[i]
-		if a == "--" {
-			return append(pos, in[i+1:]...), nil
-		}
-		if !strings.HasPrefix(a, "-") || a == "-" {
-			pos = append(pos, a)
-			continue
-		}
-		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		fl := findFlag(c, name)
-		if fl == nil {
-			return nil, fmt.Errorf("flag provided but not defined: -%s", name)
-		}
-		if _, isBool := fl.(*cli.BoolFlag); isBool {
-			if !hasValue {
-				value = "true"
-			}
-		} else if !hasValue {
-			if i+1 >= len(in) {
-				return nil, fmt.Errorf("flag needs an argument: -%s", name)
-			}
-			i++
-			value = in[i]
-		}
-		if err := c.Set(name, value); err != nil {
-			return nil, fmt.Errorf("flag -%s: %w", name, err)
-		}
-	}
-	return pos, nil
-}
-
-// findFlag finds a flag by name or alias on the command or any parent.
-func findFlag(c *cli.Context, name string) cli.Flag {
-	for _, x := range c.Lineage() {
-		var flags []cli.Flag
-		if x.Command != nil {
-			flags = append(flags, x.Command.Flags...)
-		}
-		if x.App != nil && x.Command == nil {
-			flags = append(flags, x.App.Flags...)
-		}
-		for _, f := range flags {
-			for _, n := range f.Names() {
-				if n == name {
-					return f
-				}
-			}
-		}
-	}
-	if c.App != nil {
-		for _, f := range c.App.Flags {
-			for _, n := range f.Names() {
-				if n == name {
-					return f
-				}
-			}
-		}
-	}
-	return nil
 }

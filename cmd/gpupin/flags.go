@@ -16,6 +16,7 @@ func globalFlags() []cli.Flag {
 	return append([]cli.Flag{
 		&cli.StringFlag{Name: "address", Value: "/run/containerd/containerd.sock", EnvVars: []string{"CONTAINERD_ADDRESS"}, Usage: "containerd socket"},
 		&cli.StringFlag{Name: "namespace", Value: "gpupin", EnvVars: []string{"CONTAINERD_NAMESPACE"}, Usage: "containerd namespace (k8s.io under Kubernetes, so kubelet sees the pins)"},
+		&cli.StringFlag{Name: "local-prefix", Value: "gpupin.local", EnvVars: []string{"GPUPIN_LOCAL_PREFIX"}, Usage: "prefix of each pin's node-local name, `PREFIX`/ENGINE:VERSION, for pods with imagePullPolicy: Never"},
 		&cli.StringFlag{Name: "snapshotter", Value: "overlayfs", EnvVars: []string{"CONTAINERD_SNAPSHOTTER"}, Usage: "containerd snapshotter"},
 		&cli.StringFlag{Name: "hosts-dir", Value: "/etc/containerd/certs.d", Usage: "containerd certs.d directory: registry mirrors and TLS"},
 		&cli.StringSliceFlag{Name: "insecure-registry", EnvVars: []string{"GPUPIN_INSECURE_REGISTRIES"}, Usage: "registry (host:port) reached over plain HTTP; loopback ones always are"},
@@ -65,7 +66,12 @@ func lineageSlice(c *cli.Context, name string) []string {
 			return x.StringSlice(name)
 		}
 	}
-	return lineage[len(lineage)-1].StringSlice(name)
+	for i := len(lineage) - 1; i >= 0; i-- { // the default (see lineageString)
+		if v := lineage[i].StringSlice(name); v != nil {
+			return v
+		}
+	}
+	return nil
 }
 
 // lineageDuration is lineageString for a duration flag.
@@ -76,7 +82,12 @@ func lineageDuration(c *cli.Context, name string) time.Duration {
 			return x.Duration(name)
 		}
 	}
-	return lineage[len(lineage)-1].Duration(name)
+	for i := len(lineage) - 1; i >= 0; i-- { // the default (see lineageString)
+		if v := lineage[i].Duration(name); v != 0 {
+			return v
+		}
+	}
+	return 0
 }
 
 func simulatedNote(f *node.Facts) string {

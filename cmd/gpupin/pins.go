@@ -25,14 +25,22 @@ type pinView struct {
 
 func pinsCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "pins",
-		Usage: "list the pinned images, and whether each was proved on this node as it is now",
+		Name:      "pins",
+		UsageText: "gpupin pins [--previous] [--node FILE] [--json]",
+		Usage:     "list the pinned images, their node-local names, and whether each was proved on this node as it is now",
+		Description: "Each pin has a node-local name (--local-prefix, default gpupin.local/ENGINE:VERSION) for pods with " +
+			"imagePullPolicy: Never. A pin that another client of containerd relabelled (a pull of the same reference) " +
+			"or deleted (kubelet's image GC on containerd 1.6, crictl rmi --prune) is restored first, while its content " +
+			"remains; RESTORED says when.",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "previous", Usage: "also list the previous pins kept for rollback"},
 			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED)"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		},
 		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return cli.Exit(fmt.Sprintf("usage: %s (no arguments; got %q)", c.Command.UsageText, c.Args().First()), exitUsage)
+			}
 			rt, err := connect(c, registryPolicy(c))
 			if err != nil {
 				return cli.Exit(err.Error(), exitError)
@@ -70,7 +78,7 @@ func pinsCommand() *cli.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ENGINE\tVARIANT\tPINNED\tPROBED\tTHIS NODE")
+			fmt.Fprintln(tw, "ENGINE\tVARIANT\tPINNED\tLOCAL NAME\tPROBED\tTHIS NODE")
 			for _, v := range views {
 				key := v.Key
 				if v.Previous {
@@ -85,7 +93,13 @@ func pinsCommand() *cli.Command {
 				if v.Simulated {
 					valid += ", SIMULATED"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", key, v.Variant, v.Ref, v.ProbedAt.Format(time.RFC3339), valid)
+				if !v.Restored.IsZero() {
+					valid += ", restored " + v.Restored.Format(time.RFC3339)
+				}
+				if v.Tampered {
+					valid = "TAMPERED: points elsewhere; never run; gpupin gc removes it"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", key, v.Variant, v.Ref, orDefault(v.Local, "-"), v.ProbedAt.Format(time.RFC3339), valid)
 			}
 			return tw.Flush()
 		},
@@ -95,8 +109,8 @@ func pinsCommand() *cli.Command {
 func unpinCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "unpin",
-		Usage:     "remove the pin of ENGINE:VERSION (the image stays, as the previous pin, until gc)",
-		UsageText: "gpupin unpin ENGINE:VERSION",
+		Usage:     "remove the pin of ENGINE:VERSION and its node-local name (the image stays, as the previous pin, until gc)",
+		UsageText: "gpupin unpin ENGINE:VERSION [--json]",
 		Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
@@ -114,7 +128,7 @@ func unpinCommand() *cli.Command {
 			if jsonOut(c) {
 				return writeJSON(c.App.Writer, p)
 			}
-			fmt.Fprintf(c.App.Writer, "unpinned %s (%s); run gpupin gc to remove the image\n", p.Key, p.Ref)
+			fmt.Fprintf(c.App.Writer, "unpinned %s (%s), and removed its local name; run gpupin gc to remove the image\n", p.Key, p.Ref)
 			return nil
 		},
 	}
@@ -122,13 +136,19 @@ func unpinCommand() *cli.Command {
 
 func gcCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "gc",
-		Usage: "remove gpupin's images that no pin and no container uses, and what an interrupted run left",
+		Name:      "gc",
+		UsageText: "gpupin gc [--all] [--json]",
+		Usage:     "remove gpupin's images that no pin and no container uses, and what an interrupted run left",
+		Description: "Pins another client took are restored first; local names stay while they point at their pin, and " +
+			"those of keys without a pin go.",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "all", Usage: "remove the previous pins kept for rollback too"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		},
 		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return cli.Exit(fmt.Sprintf("usage: %s (no arguments; got %q)", c.Command.UsageText, c.Args().First()), exitUsage)
+			}
 			rt, err := connect(c, registryPolicy(c))
 			if err != nil {
 				return cli.Exit(err.Error(), exitError)

@@ -39,6 +39,7 @@ func connect(c *cli.Context, policy *registry.Policy) (*runtime.Runtime, error) 
 	opts := []runtime.Opt{
 		runtime.WithNamespace(lineageString(c, "namespace")),
 		runtime.WithSnapshotter(lineageString(c, "snapshotter")),
+		runtime.WithLocalPrefix(lineageString(c, "local-prefix")),
 		runtime.WithRegistry(policy),
 	}
 	if dirs := lineageSlice(c, "cdi-spec-dir"); len(dirs) > 0 {

@@ -1,0 +1,117 @@
+package runtime
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/distribution/reference"
+)
+
+// DefaultLocalPrefix is where a pin's node-local name lives unless
+// WithLocalPrefix says otherwise: gpupin.local/ENGINE:VERSION. The .local
+// domain is reserved for link-local names (RFC 6762), so no registry
+// answers for it, and nothing can be pulled under it: a pod with
+// imagePullPolicy: Never that names it starts from this node's proof, or
+// fails with ErrImageNeverPull on a node that has none.
+const DefaultLocalPrefix = "gpupin.local"
+
+// Labels of the node-local name records.
+const (
+	// LabelLocal is on a local-name record: the key (engine:version) of
+	// the pin it stands for. gc and unpin find local names by it, whatever
+	// prefix made them.
+	LabelLocal = "io.gpupin.local"
+	// LabelRestored is on a pin record Recover put back after another
+	// client removed or relabelled it: when (RFC 3339).
+	LabelRestored = "io.gpupin.restored"
+)
+
+// WithLocalPrefix sets the prefix of the node-local names (default
+// DefaultLocalPrefix): a registry host, optionally with a path
+// ("registry.internal/gpupin"). Connect refuses one that does not make
+// references.
+func WithLocalPrefix(prefix string) Opt { return func(r *Runtime) { r.localPrefix = prefix } }
+
+// LocalPrefix is the prefix of the node-local names this runtime makes.
+func (r *Runtime) LocalPrefix() string { return r.localPrefix }
+
+// LocalName is the node-local name of the pin of key under this runtime's
+// prefix.
+func (r *Runtime) LocalName(key string) string {
+	n, _ := LocalName(r.localPrefix, key)
+	return n
+}
+
+// checkLocalPrefix refuses a prefix that does not make a normalised
+// reference: kubelet and CRI look images up by the normalised name, so
+// "vllm" (which would become docker.io/library/…) cannot be one.
+func checkLocalPrefix(prefix string) error {
+	probe := prefix + "/engine:version"
+	n, err := reference.ParseNormalizedNamed(probe)
+	if err != nil {
+		return fmt.Errorf("local name prefix %q: %w", prefix, err)
+	}
+	if n.String() != probe {
+		return fmt.Errorf("local name prefix %q: %s normalises to %s; give a registry host (with a dot, a port, or localhost), e.g. %s", prefix, probe, n, DefaultLocalPrefix)
+	}
+	return nil
+}
+
+var (
+	// A repository path component and a tag, as the distribution
+	// reference grammar has them.
+	pathComponentRE = regexp.MustCompile(`^[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*$`)
+	tagRE           = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+	notTagCharRE    = regexp.MustCompile(`[^A-Za-z0-9_.-]+`)
+	notPathCharRE   = regexp.MustCompile(`[^a-z0-9]+`)
+)
+
+// LocalName is the node-local name of the pin of key (engine:version)
+// under prefix: PREFIX/ENGINE:VERSION. An engine name or version that is
+// no repository component or tag as it stands (a version with '+', as
+// semantic versions have; a key named by a digest) is made one and gets
+// a short hash of the key, so two keys never share a name:
+// 0.11.0+cu129 becomes 0.11.0_cu129-1a2b3c4d.
+func LocalName(prefix, key string) (string, error) {
+	if prefix == "" {
+		prefix = DefaultLocalPrefix
+	}
+	engine, version, ok := strings.Cut(key, ":")
+	if !ok || engine == "" || version == "" {
+		return "", fmt.Errorf("local name of %q: want engine:version", key)
+	}
+	sum := sha256.Sum256([]byte(key))
+	h := hex.EncodeToString(sum[:4])
+	if !pathComponentRE.MatchString(engine) {
+		engine = strings.Trim(notPathCharRE.ReplaceAllString(strings.ToLower(engine), "-"), "-")
+		if len(engine) > 64 {
+			engine = strings.TrimRight(engine[:64], "-")
+		}
+		if engine == "" {
+			engine = "engine"
+		}
+		engine += "-" + h
+	}
+	if !tagRE.MatchString(version) {
+		version = strings.TrimLeft(notTagCharRE.ReplaceAllString(version, "_"), ".-")
+		if len(version) > 118 {
+			version = version[:118]
+		}
+		if version == "" {
+			version = "v"
+		}
+		version += "-" + h
+	}
+	name := prefix + "/" + engine + ":" + version
+	n, err := reference.ParseNormalizedNamed(name)
+	if err != nil {
+		return "", fmt.Errorf("local name of %s: %w", key, err)
+	}
+	if n.String() != name {
+		return "", fmt.Errorf("local name of %s: %s normalises to %s", key, name, n)
+	}
+	return name, nil
+}
