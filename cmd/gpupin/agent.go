@@ -1,12 +1,9 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"time"
 
@@ -38,6 +35,7 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "retry", Value: time.Minute, Usage: "first retry after a failure; doubles up to --recheck"},
 			&cli.DurationFlag{Name: "node-check", Value: time.Minute, Usage: "how often the node's driver and GPUs are read"},
 			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED); re-read at every check"},
+			&cli.DurationFlag{Name: "sweep-every", Value: agent.DefaultSweepEvery, Usage: "how often leftovers of dead gpupin processes are swept and pins other clients took are restored"},
 			&cli.StringFlag{Name: "nfd-features-dir", Value: agent.DefaultNFDFeaturesDir, EnvVars: []string{"GPUPIN_NFD_FEATURES_DIR"},
 				Usage: "node-feature-discovery's local features `DIR`: the agent keeps the file gpupin there, a label gpupin.io/ENGINE-VERSION=VARIANT per ready engine; " +
 					"the default is used when it exists (NFD's DaemonSet makes it), a dir given is made; empty: off"},
@@ -50,97 +48,38 @@ func runAgent(c *cli.Context) error {
 	if c.NArg() > 0 {
 		return cli.Exit(fmt.Sprintf("agent takes no arguments, got %q (wants come from --config or the API)", c.Args().First()), exitUsage)
 	}
-	log := slog.Default()
 	s, err := openSession(c)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	rt := s.rt
 	if s.simulated {
-		log.Warn("SIMULATED node facts: probes are simulated; nothing is proved on a GPU", "node", lineageString(c, "node"))
-	}
-
-	var loop *provision.Loop
-	var metrics *agent.Metrics
-	popts := []provision.Option{provision.WithLogger(log), provision.WithOverrides(provision.NewOverrides())}
-	lopts := provision.LoopOptions{Recheck: c.Duration("recheck"), RetryMin: c.Duration("retry"), NodeCheck: c.Duration("node-check"), Logger: log}
-	if c.String("metrics-address") != "" {
-		metrics = agent.NewMetrics(func() []provision.Status { return loop.Status() }, nil)
-		popts = append(popts, provision.WithProgress(metrics.PullProgress))
-		lopts.OnResult = metrics.ObserveResult
+		slog.Warn("SIMULATED node facts: probes are simulated; nothing is proved on a GPU", "node", lineageString(c, "node"))
 	}
 	nfdDir := c.String("nfd-features-dir")
 	if nfdDir != "" && !c.IsSet("nfd-features-dir") {
+		// The default only where NFD made it: no labels are made up on a
+		// host without node-feature-discovery.
 		if st, err := os.Stat(nfdDir); err != nil || !st.IsDir() {
-			log.Info("no node-feature-discovery features directory: no node labels (give --nfd-features-dir to make one)", "dir", nfdDir)
+			slog.Info("no node-feature-discovery features directory: no node labels (give --nfd-features-dir to make one)", "dir", nfdDir)
 			nfdDir = ""
 		}
 	}
-	var a *agent.Agent
-	// The feature file follows every change of an engine's state; a is
-	// set before the loop runs or its wants are set.
-	lopts.OnChange = func(st provision.Status) { a.StatusChanged(st) }
-	loop = provision.NewLoop(s.provisioner(popts...), lopts)
-	a = agent.New(loop, rt, agent.Options{ConfigPath: c.String("config"), OverridesPath: lineageString(c, "overrides"),
-		Logger: log, NFDFeaturesDir: nfdDir})
-	if cri, err := rt.CRIPinning(c.Context); err == nil {
-		// Under Kubernetes this decides who keeps a pin from kubelet's
-		// image GC: the CRI plugin, or gpupin's restore.
-		level := slog.LevelInfo
-		if !cri.Kept {
-			level = slog.LevelWarn
-		}
-		log.Log(c.Context, level, "containerd "+cri.Version+": "+cri.Note, "namespace", rt.Namespace(), "cri_keeps_pins", cri.Kept)
-	}
-	if err := a.Reload(); err != nil {
-		// At start there is no last good reading to keep.
+	err = agent.Run(c.Context, agent.RunConfig{
+		Runtime:   s.rt,
+		Provision: s.opts,
+		Loop:      provision.LoopOptions{Recheck: c.Duration("recheck"), RetryMin: c.Duration("retry"), NodeCheck: c.Duration("node-check")},
+		Options: agent.Options{ConfigPath: c.String("config"), OverridesPath: lineageString(c, "overrides"),
+			NFDFeaturesDir: nfdDir, SweepEvery: c.Duration("sweep-every")},
+		Socket:         c.String("socket"),
+		MetricsAddress: c.String("metrics-address"),
+	})
+	var bad *agent.InputError
+	switch {
+	case errors.As(err, &bad):
 		return cli.Exit(err.Error(), exitUsage)
-	}
-
-	ln, err := agent.ListenUnix(c.String("socket"))
-	if err != nil {
+	case err != nil:
 		return cli.Exit(err.Error(), exitError)
 	}
-	defer os.Remove(c.String("socket"))
-	api := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	go serve(log, "api", api, ln)
-	servers := []*http.Server{api}
-	if addr := c.String("metrics-address"); addr != "" {
-		mln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return cli.Exit(fmt.Sprintf("--metrics-address: %v", err), exitError)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", metrics.Handler())
-		ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go serve(log, "metrics", ms, mln)
-		servers = append(servers, ms)
-		log.Info("serving metrics", "address", mln.Addr().String())
-	}
-
-	ctx := c.Context
-	go func() {
-		if err := a.Watch(ctx); err != nil {
-			log.Error("config files are not watched; changes need a restart or the API", "err", err)
-		}
-	}()
-	log.Info("agent started", "socket", c.String("socket"), "config", c.String("config"),
-		"namespace", rt.Namespace(), "local_prefix", rt.LocalPrefix(), "nfd_features", a.FeaturesPath(), "pid", os.Getpid())
-	// Run returns once ctx ends (SIGTERM, SIGINT) and every provision in
-	// flight has finished its cleanup.
-	loop.Run(ctx)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	for _, s := range servers {
-		s.Shutdown(sctx)
-	}
-	log.Info("agent stopped")
 	return nil
-}
-
-func serve(log *slog.Logger, name string, s *http.Server, ln net.Listener) {
-	if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		log.Error("server stopped", "server", name, "err", err)
-	}
 }
