@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,19 +8,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
-	"sync"
-	"syscall"
 	"time"
 
-	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/cio"
-	"github.com/containerd/containerd/v2/pkg/oci"
-	"github.com/containerd/errdefs"
-	"github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // Mount is a read-only bind mount into a container.
@@ -135,62 +126,9 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 		labels[k] = v
 	}
 
-	specOpts := []oci.SpecOpts{oci.WithImageConfig(img), oci.WithEnv(spec.Env)}
-	if len(spec.Args) > 0 {
-		specOpts = append(specOpts, oci.WithProcessArgs(spec.Args...))
-	}
-	var mounts []specs.Mount
-	for _, m := range spec.Mounts {
-		mounts = append(mounts, specs.Mount{Type: "bind", Source: m.Source, Destination: m.Destination, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
-	}
-	if spec.Hardened {
-		mounts = append(mounts, specs.Mount{Type: "tmpfs", Source: "tmpfs", Destination: "/tmp", Options: []string{"nosuid", "nodev", "mode=1777", "size=1g"}})
-		specOpts = append(specOpts,
-			oci.WithRootFSReadonly(),
-			oci.WithNoNewPrivileges,
-			oci.WithCapabilities([]string{}),
-			oci.WithAmbientCapabilities([]string{}),
-		)
-	}
-	if len(mounts) > 0 {
-		specOpts = append(specOpts, oci.WithMounts(mounts))
-	}
-	if spec.HostNetwork {
-		specOpts = append(specOpts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostResolvconf, oci.WithHostHostsFile)
-	}
-	if spec.MemoryLimit > 0 {
-		specOpts = append(specOpts, oci.WithMemoryLimit(spec.MemoryLimit))
-		if swap := spec.MemorySwap; swap != -1 && swapAccounted() {
-			if swap == 0 {
-				swap = int64(spec.MemoryLimit)
-			}
-			specOpts = append(specOpts, oci.WithMemorySwap(swap))
-		}
-	}
-	if spec.PidsLimit > 0 {
-		specOpts = append(specOpts, oci.WithPidsLimit(spec.PidsLimit))
-	}
-	runcOpts := &runcoptions.Options{Root: r.runcRoot}
-	switch spec.GPUs.Mode {
-	case GPUCDI:
-		specOpts = append(specOpts, r.withCDI(spec.GPUs.Devices))
-	case GPUNvidiaRuntime:
-		runcOpts.BinaryName = "nvidia-container-runtime"
-		devs := "all"
-		if len(spec.GPUs.Devices) > 0 {
-			devs = strings.Join(spec.GPUs.Devices, ",")
-		}
-		specOpts = append(specOpts, oci.WithEnv([]string{"NVIDIA_VISIBLE_DEVICES=" + devs}))
-	case GPUNone, "":
-	default:
-		return res, fmt.Errorf("gpu mode %q", spec.GPUs.Mode)
-	}
-
-	if seccompMode == SeccompDefault {
-		// Last: the default profile is fitted to the capabilities the
-		// container ends up with (CAP_SYS_ADMIN opens unshare and mount,
-		// and so on), so every option that changes them comes first.
-		specOpts = append(specOpts, seccomp.WithDefaultProfile())
+	specOpts, runcOpts, err := r.specFor(img, spec, seccompMode)
+	if err != nil {
+		return res, err
 	}
 
 	cont, err := r.client.NewContainer(ctx, id,
@@ -252,147 +190,21 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 	if err := task.Start(ctx); err != nil {
 		return res, fmt.Errorf("start task %s: %w", id, err)
 	}
-	var timeout <-chan time.Time
-	if spec.Timeout > 0 {
-		t := time.NewTimer(spec.Timeout)
-		defer t.Stop()
-		timeout = t.C
-	}
-	var status client.ExitStatus
-	select {
-	case status = <-exitCh:
-	case <-timeout:
-		res.TimedOut = true
-		status = r.kill(ctx, task, exitCh)
-	case <-ctx.Done():
-		r.kill(ctx, task, exitCh)
-		drainOutput(ctx, task)
-		res.Duration = time.Since(start)
-		res.Output, res.Truncated = out.bytes()
-		return res, fmt.Errorf("run %s: %w", id, ctx.Err())
-	}
+	st := awaitTask(ctx, task, exitCh, spec.Timeout)
 	res.Duration = time.Since(start)
-	code, _, serr := status.Result()
-	if res.TimedOut {
-		// Killed at its timeout: that is the answer, whether or not its
-		// exit status came back from the kill.
-		if serr != nil {
-			r.killLost(ctx, task)
-		}
-		drainOutput(ctx, task)
-		res.Output, res.Truncated = out.bytes()
-		res.ExitCode = int(code)
-		return res, fmt.Errorf("run %s: killed after %s: %w", id, spec.Timeout, ErrTimeout)
-	}
-	if serr != nil {
-		// containerd lost the task's exit (it restarted, or went away):
-		// the process may still run in its shim, holding its output open.
-		// Kill it so nothing runs unwatched, and drain what came so far.
-		r.killLost(ctx, task)
-	}
+	res.TimedOut = st.timedOut
+	res.ExitCode = st.code
 	drainOutput(ctx, task)
 	res.Output, res.Truncated = out.bytes()
-	if serr != nil {
-		return res, fmt.Errorf("task %s: lost its exit status (did containerd restart?): %w", id, serr)
+	switch {
+	case st.cancelled:
+		return res, fmt.Errorf("run %s: %w", id, ctx.Err())
+	case st.timedOut:
+		return res, fmt.Errorf("run %s: killed after %s: %w", id, spec.Timeout, ErrTimeout)
+	case st.lost != nil:
+		return res, fmt.Errorf("task %s: lost its exit status (did containerd restart?): %w", id, st.lost)
 	}
-	res.ExitCode = int(code)
 	return res, nil
-}
-
-// swapAccounted reports whether the kernel can bound a cgroup's swap. On
-// cgroup v1 that is memory.memsw.*, present only with swap accounting
-// (swapaccount=1, the default since Linux 5.8); runc fails to start a
-// container whose swap limit it cannot write. cgroup v2 always takes the
-// limit (runc ignores it where swap is off).
-func swapAccounted() bool {
-	if _, err := os.Stat("/sys/fs/cgroup/memory"); err != nil {
-		return true // cgroup v2 (or no memory controller: runc says so)
-	}
-	_, err := os.Stat("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
-	return err == nil
-}
-
-func (r *Runtime) kill(ctx context.Context, task client.Task, exitCh <-chan client.ExitStatus) client.ExitStatus {
-	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	task.Kill(kctx, syscall.SIGKILL, client.WithKillAll)
-	select {
-	case s := <-exitCh:
-		return s
-	case <-kctx.Done():
-		return *client.NewExitStatus(137, time.Now(), kctx.Err())
-	}
-}
-
-// killLost kills a task whose wait broke, retrying while containerd comes
-// back; the deferred delete then removes it.
-func (r *Runtime) killLost(ctx context.Context, task client.Task) {
-	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	for {
-		err := task.Kill(kctx, syscall.SIGKILL, client.WithKillAll)
-		if err == nil || errdefs.IsNotFound(err) {
-			return
-		}
-		select {
-		case <-kctx.Done():
-			return
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
-// drainOutput waits for the task's output to be copied, but not forever:
-// a process that outlived its wait (see killLost) may hold the FIFOs open.
-func drainOutput(ctx context.Context, task client.Task) {
-	task.CloseIO(context.WithoutCancel(ctx), client.WithStdinCloser)
-	ioc := task.IO()
-	if ioc == nil {
-		return
-	}
-	done := make(chan struct{})
-	go func() { ioc.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		ioc.Cancel()
-	}
-}
-
-// tailBuffer keeps the last limit bytes written: a verdict line comes
-// last, and a probe that floods its output must not flood gpupin's memory.
-type tailBuffer struct {
-	mu        sync.Mutex
-	buf       bytes.Buffer
-	limit     int
-	truncated bool
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := len(p)
-	if len(p) >= t.limit {
-		t.buf.Reset()
-		p = p[len(p)-t.limit:]
-		t.truncated = true
-	}
-	t.buf.Write(p)
-	if over := t.buf.Len() - t.limit; over > 0 {
-		t.buf.Next(over)
-		t.truncated = true
-		// Compact so the buffer does not grow without end.
-		b := append([]byte(nil), t.buf.Bytes()...)
-		t.buf.Reset()
-		t.buf.Write(b)
-	}
-	return n, nil
-}
-
-func (t *tailBuffer) bytes() ([]byte, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return append([]byte(nil), t.buf.Bytes()...), t.truncated
 }
 
 func randomHex(n int) string {

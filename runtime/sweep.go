@@ -3,7 +3,6 @@ package runtime
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/leases"
@@ -55,15 +54,11 @@ func (r *Runtime) sweep(ctx context.Context, keepPartial bool) (Swept, error) {
 			continue
 		}
 		if task, err := c.Task(ctx, nil); err == nil {
-			task.Kill(ctx, 9, client.WithKillAll)
-			waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			if ch, err := task.Wait(waitCtx); err == nil {
-				select {
-				case <-ch:
-				case <-waitCtx.Done():
-				}
+			if ch, err := task.Wait(ctx); err == nil {
+				killTask(ctx, task, ch)
+			} else {
+				killLost(ctx, task)
 			}
-			cancel()
 			if _, err := task.Delete(ctx, client.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
 				return s, fmt.Errorf("sweep: task of %s: %w", c.ID(), err)
 			}
