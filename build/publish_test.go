@@ -145,14 +145,16 @@ func TestPublishTwoVariantsTwoPlatforms(t *testing.T) {
 	ann13 := with(images.AnnotationVariant, "cu13", images.AnnotationCUDA, "13.0", images.AnnotationDriverMin, "580.65.06",
 		images.AnnotationArchs, "7.5,8.0,9.0,10.0,12.0+PTX", images.AnnotationProbe, "torch")
 	// Lowest CUDA first, though cu13 was given first.
+	req129 := map[string]string{"CUDA_VERSION": "12.9.1", "NVIDIA_REQUIRE_CUDA": "cuda>=12.9"}
+	req13 := map[string]string{"CUDA_VERSION": "13.0.1", "NVIDIA_REQUIRE_CUDA": "cuda>=13.0,driver>=580.65.06 brand=tesla,driver>=535,driver<536"}
 	want := []struct {
 		platform, digest string
-		ann              map[string]string
+		ann, req         map[string]string
 	}{
-		{"linux/amd64", src129["linux/amd64"], ann129},
-		{"linux/arm64", src129["linux/arm64"], ann129},
-		{"linux/amd64", src13["linux/amd64"], ann13},
-		{"linux/arm64", src13["linux/arm64"], ann13},
+		{"linux/amd64", src129["linux/amd64"], ann129, req129},
+		{"linux/arm64", src129["linux/arm64"], ann129, req129},
+		{"linux/amd64", src13["linux/amd64"], ann13, req13},
+		{"linux/arm64", src13["linux/arm64"], ann13, req13},
 	}
 
 	idx, err := remote.Index(mustRef(t, tag))
@@ -177,8 +179,21 @@ func TestPublishTwoVariantsTwoPlatforms(t *testing.T) {
 		if m.Digest.String() != w.digest {
 			t.Errorf("entry %d digest %s, want the source's %s (child digests must not change)", i, m.Digest, w.digest)
 		}
-		if !reflect.DeepEqual(m.Annotations, w.ann) {
-			t.Errorf("entry %d annotations:\n got %v\nwant %v", i, m.Annotations, w.ann)
+		// The requirement set is the source config's variables, as JSON.
+		got := map[string]string{}
+		for k, v := range m.Annotations {
+			got[k] = v
+		}
+		var req map[string]string
+		if err := json.Unmarshal([]byte(got[images.AnnotationRequire]), &req); err != nil {
+			t.Errorf("entry %d: %s=%q: %v", i, images.AnnotationRequire, got[images.AnnotationRequire], err)
+		}
+		delete(got, images.AnnotationRequire)
+		if !reflect.DeepEqual(got, w.ann) {
+			t.Errorf("entry %d annotations:\n got %v\nwant %v", i, got, w.ann)
+		}
+		if !reflect.DeepEqual(req, w.req) {
+			t.Errorf("entry %d requirement set %v, want %v", i, req, w.req)
 		}
 		// The child is in the target repository by digest.
 		if _, err := remote.Head(mustRef(t, dst.Host+"/org/vllm@"+w.digest)); err != nil {

@@ -86,7 +86,8 @@ func TestCLISimulatedProvisionPinsRunProbeUnpinGC(t *testing.T) {
 	ref := reg.Host + "/eng:2.0"
 	c := newCLI(t, reg)
 
-	out, code := c.run("provision", "--json", ref)
+	// Flags after the arguments, as the usage lines write them.
+	out, code := c.run("provision", ref, "--json")
 	if code != 0 {
 		t.Fatalf("provision exit %d:\n%s", code, out)
 	}
@@ -104,19 +105,23 @@ func TestCLISimulatedProvisionPinsRunProbeUnpinGC(t *testing.T) {
 		t.Fatalf("pins exit %d:\n%s", code, out)
 	}
 
-	out, code = c.run("run", "eng:2.0", "--", "/bin/sh", "-c", "echo replica CUDA_VERSION=$CUDA_VERSION; exit 7")
-	if code != 7 || !strings.Contains(out, "replica CUDA_VERSION=12.9.0") || !strings.Contains(out, "SIMULATED") {
-		t.Fatalf("run exit %d (want the replica's 7):\n%s", code, out)
+	// A flag after the target is gpupin's; what follows "--" is the
+	// replica's, untouched: flags, a second "--" and all.
+	out, code = c.run("run", "eng:2.0", "--env", "E2E=after-the-target", "--",
+		"/bin/sh", "-c", `echo replica CUDA_VERSION=$CUDA_VERSION env=$E2E args="$*"; exit 7`, "sh", "--json", "--", "--env", "x")
+	if code != 7 || !strings.Contains(out, "replica CUDA_VERSION=12.9.0 env=after-the-target args=--json -- --env x\n") || !strings.Contains(out, "SIMULATED") {
+		t.Fatalf("run exit %d (want the replica's 7, with its arguments as given):\n%s", code, out)
 	}
 
-	out, code = c.run("probe", "--json", pinned)
+	out, code = c.run("probe", pinned, "--probe", "cuda", "--json")
 	if code != 0 || !strings.Contains(out, `"ok": true`) || !strings.Contains(out, `"simulated": true`) {
 		t.Fatalf("probe exit %d:\n%s", code, out)
 	}
 
-	out, code = c.run("unpin", "eng:2.0")
-	if code != 0 || !strings.Contains(out, "unpinned eng:2.0") {
-		t.Fatalf("unpin exit %d:\n%s", code, out)
+	out, code = c.run("unpin", "eng:2.0", "--json")
+	var unpinned runtime.Pin
+	if err := json.Unmarshal([]byte(out), &unpinned); code != 0 || err != nil || unpinned.Key != "eng:2.0" || unpinned.Ref != pinned {
+		t.Fatalf("unpin --json exit %d (%v), pin %+v, want eng:2.0 at %s:\n%s", code, err, unpinned, pinned, out)
 	}
 	// The unpinned image is the previous pin: gc keeps it, gc --all removes it.
 	out, code = c.run("gc", "--json")
@@ -169,7 +174,48 @@ func TestCLISimulatedProvisionExitCodes(t *testing.T) {
 	if pins, _ := testenv.Runtime(t).Pins(context.Background()); len(pins) != 0 {
 		t.Fatalf("pins after failures: %+v", pins)
 	}
-	_ = runtime.LabelPin
+}
+
+// A forced variant that fails its probe keeps the earlier pin, and the
+// output says so with that pin's own variant (issue 10, point 5: `make
+// demo` printed the cu129 pin as "(cu13)"). The rejection lines do not
+// repeat the variant either.
+func TestCLISimulatedFailedForcedVariantPrintsTheEarlierPin(t *testing.T) {
+	reg := testenv.Registry(t)
+	good := sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "9.0"}
+	bad := sandbox.EngineVariant{Name: "cu13", CUDA: "13.0", Archs: "9.0", SimProbe: "fail"}
+	if _, err := sandbox.PublishEngine(context.Background(), reg.Host, "eng", "4.0", []sandbox.EngineVariant{good, bad}); err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Host + "/eng:4.0"
+	c := newCLI(t, reg)
+	out, code := c.run("provision", ref, "--override", "cu129", "--json")
+	var sts []provision.Status
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &sts); code != 0 || err != nil || len(sts) != 1 || sts[0].Variant != "cu129" {
+		t.Fatalf("provision cu129: exit %d, %v:\n%s", code, err, out)
+	}
+	pinned := sts[0].Pinned
+
+	out, code = c.run("provision", ref, "--override", "cu13")
+	if code != 1 || !strings.Contains(out, "eng:4.0: FAILED") {
+		t.Fatalf("forced cu13 with a failing probe: exit %d, want 1 and FAILED:\n%s", code, out)
+	}
+	want := "  pinned:   " + pinned + " (cu129)\n"
+	if !strings.Contains(out, want) {
+		t.Errorf("output lacks %q, the earlier pin with its own variant:\n%s", want, out)
+	}
+	if strings.Contains(out, pinned+" (cu13)") {
+		t.Errorf("the cu129 pin is printed as cu13:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "cu13: cu13:") || strings.Contains(line, "cu129: cu129:") {
+			t.Errorf("a line repeats the variant: %s", line)
+		}
+	}
+	pins, err := testenv.Runtime(t).Pins(context.Background())
+	if err != nil || len(pins) != 1 || pins[0].Ref != pinned || pins[0].Variant != "cu129" {
+		t.Fatalf("pins after the failed forced variant: %+v, %v; want the cu129 pin kept", pins, err)
+	}
 }
 
 func contains(list []string, s string) bool {

@@ -38,6 +38,16 @@ type fixture struct {
 	// childAnnotated is an index whose entries carry no annotations while the
 	// child manifests do: one more manifest GET each, still no blob.
 	childAnnotated string
+	// required is an annotated index whose entries carry their images'
+	// requirement sets (io.gpupin.cuda.require), as publish writes them:
+	// cu13 needs arch>=9.0, cu129 has the tesla 535 branch.
+	required string
+}
+
+// requiredEnvs are the configs of the required index's images.
+var requiredEnvs = map[string][]string{
+	"cu13":  {"CUDA_VERSION=13.0.1", "NVIDIA_REQUIRE_CUDA=cuda>=13.0", "NVIDIA_REQUIRE_ARCH=arch>=9.0"},
+	"cu129": {"CUDA_VERSION=12.9.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.9 brand=tesla,driver>=535,driver<536"},
 }
 
 func startFixture(t *testing.T) *fixture {
@@ -54,6 +64,7 @@ func startFixture(t *testing.T) *fixture {
 		multi:          reg.Host + "/sglang:0.5.0",
 		custom:         reg.Host + "/myorg/vllm-custom:1",
 		childAnnotated: reg.Host + "/tgi:3.0",
+		required:       reg.Host + "/trtllm:1.0",
 	}
 	// The most compatible variant first, as DESIGN asks of publishers; the
 	// choice must still prefer the newest CUDA.
@@ -81,6 +92,22 @@ func startFixture(t *testing.T) *fixture {
 	}
 	if _, err := sandbox.PushIndex(ctx, f.childAnnotated, entries); err != nil {
 		t.Fatalf("push child-annotated index: %v", err)
+	}
+	entries = nil
+	for _, v := range []sandbox.EngineVariant{cu13, cu129} {
+		req, err := images.RequireAnnotation(requiredEnvs[v.Name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		md := images.Metadata{Engine: "trtllm", EngineVersion: "1.0", Variant: v.Name, CUDA: v.CUDA, Archs: v.Archs, Require: req}
+		img, err := sandbox.Image(sandbox.ImageSpec{Env: requiredEnvs[v.Name]})
+		if err != nil {
+			t.Fatalf("required image: %v", err)
+		}
+		entries = append(entries, sandbox.IndexEntry{Image: img, Annotations: md.Annotations(), Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}})
+	}
+	if _, err := sandbox.PushIndex(ctx, f.required, entries); err != nil {
+		t.Fatalf("push index with requirement sets: %v", err)
 	}
 	img, err := sandbox.Image(sandbox.ImageSpec{Env: []string{"CUDA_VERSION=12.8.1"}})
 	if err != nil {
@@ -325,6 +352,7 @@ func TestResolveFetchesNoLayerBlob(t *testing.T) {
 		wantConfigs bool
 	}{
 		{"annotated index", f.engine, false},
+		{"annotated index whose entries carry io.gpupin.cuda.require", f.required, false},
 		{"index with annotations on the child manifests only", f.childAnnotated, false},
 		{"index without annotations", f.derived, true},
 		{"single derived image", f.custom, true},
@@ -462,5 +490,85 @@ func TestChooseBadEntryIsARejection(t *testing.T) {
 	}
 	if len(p.Rejected) != 1 || !strings.Contains(p.Rejected[0].Reason, "unreadable metadata") || !strings.Contains(p.Rejected[0].Reason, "Hopper") {
 		t.Fatalf("rejected = %+v", p.Rejected)
+	}
+}
+
+// The requirement set an entry carries (io.gpupin.cuda.require) decides,
+// as the image's own NVIDIA_REQUIRE_* would, and is read from the index
+// alone: not a blob is fetched, for a candidate or for a rejection.
+func TestChooseCarriedRequirementsFetchNoBlob(t *testing.T) {
+	f := startFixture(t)
+	teslaA100on535 := facts("535.104.05", "12.2", gpu(0, "NVIDIA A100-SXM4-80GB", "tesla", "8.0"))
+	for _, tc := range []struct {
+		name   string
+		node   *node.Facts
+		cands  string
+		reject []string // variant: substring of its reason
+	}{
+		{"H100 on 580: both run", facts("580.82.07", "13.0", h100), "cu13,cu129", nil},
+		{"A100 on 580: cu13 needs arch>=9.0", facts("580.82.07", "13.0", a100), "cu129",
+			[]string{"cu13: GPU 0 (NVIDIA A100-SXM4-80GB) has compute capability 8.0; NVIDIA_REQUIRE_ARCH needs arch>=9.0"}},
+		// CUDA 12.2 is below 12.9, but the tesla 535 branch admits it: the
+		// CUDA version is not checked on top of the carried set.
+		{"tesla A100 on 535: the forward-compatibility branch", teslaA100on535, "cu129",
+			[]string{"cu13: NVIDIA_REQUIRE_ARCH needs arch>=9.0"}},
+		{"nvidia-brand A100 on 535: no branch", facts("535.104.05", "12.2", a100), "",
+			[]string{"cu129: driver 535.104.05 supports CUDA 12.2; NVIDIA_REQUIRE_CUDA needs cuda>=12.9, and none of its 1 brand/driver branches matches GPU 0 (brand nvidia"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.reg.Reset()
+			p := f.plan(t, f.required, tc.node, "auto")
+			var got []string
+			for _, c := range p.Candidates {
+				if c.Derived {
+					t.Errorf("%s was derived: the index carries its metadata", c.Variant)
+				}
+				got = append(got, c.Variant)
+			}
+			if strings.Join(got, ",") != tc.cands {
+				t.Errorf("candidates %v, want %s; rejected %+v", got, tc.cands, p.Rejected)
+			}
+			for _, want := range tc.reject {
+				v, reason, _ := strings.Cut(want, ": ")
+				found := false
+				for _, r := range p.Rejected {
+					if r.Variant == v && strings.Contains(r.Reason, reason) {
+						found = true
+					}
+				}
+				if !found {
+					t.Errorf("no rejection of %s saying %q: %+v", v, reason, p.Rejected)
+				}
+			}
+			for _, q := range f.reg.Requests() {
+				if q.Kind() == "blob" {
+					t.Errorf("fetched a blob: %s %s", q.Method, q.Path)
+				}
+			}
+		})
+	}
+}
+
+// A rejection's reason does not repeat the variant it is printed after
+// ("cu129: cu129: driver …"), for any reference of the fixture on any node.
+func TestRejectionReasonsDoNotRepeatTheVariant(t *testing.T) {
+	f := startFixture(t)
+	nodes := []*node.Facts{
+		facts("575.57.08", "12.9", h100), facts("535.104.05", "12.2", v100), facts("580.82.07", "13.0", v100, h100at1),
+		facts("580.82.07", "13.0", rtxPro), facts("550.54.15", "12.4", rtx4090), facts("535.104.05", "12.2", a100),
+	}
+	n := 0
+	for _, ref := range []string{f.engine, f.derived, f.multi, f.custom, f.childAnnotated, f.required} {
+		for _, fa := range nodes {
+			for _, r := range f.plan(t, ref, fa, "auto").Rejected {
+				n++
+				if strings.HasPrefix(r.Reason, r.Variant+":") || strings.HasPrefix(r.Reason, r.Variant+" ") {
+					t.Errorf("%s on driver %s: the reason repeats the variant: %s: %s", ref, fa.Driver, r.Variant, r.Reason)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no rejection at all: the check proves nothing")
 	}
 }

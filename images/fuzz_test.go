@@ -1,6 +1,8 @@
 package images
 
 import (
+	"encoding/json"
+	"sort"
 	"strings"
 	"testing"
 
@@ -147,6 +149,85 @@ func FuzzParseArchs(f *testing.F) {
 		}
 		for _, cc := range []node.CC{{Major: 7, Minor: 0}, {Major: 9, Minor: 0}, {Major: 12, Minor: 1}} {
 			as.Covers(cc)
+		}
+	})
+}
+
+// FuzzParseRequireAnnotation: an io.gpupin.cuda.require value from a
+// registry gives an error or requirements, never a panic; what parses is
+// judged exactly as the same variables in an image's own Env would be
+// (RequirementsFromEnv: the derived path), and writing those variables
+// back (RequireAnnotation, what publish does) gives a value judged the
+// same again. ParseAnnotations never takes a value the parser refuses.
+func FuzzParseRequireAnnotation(f *testing.F) {
+	for _, env := range [][]string{
+		{"CUDA_VERSION=12.9.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.9 brand=tesla,driver>=535,driver<536 brand=nvidia,driver>=535,driver<536"},
+		{"CUDA_VERSION=13.0.0", "NVIDIA_REQUIRE_ARCH=arch>=8.0"},
+		{"CUDA_VERSION=13.0.0", "NVIDIA_DISABLE_REQUIRE=true", "NVIDIA_REQUIRE_CUDA=cuda>=13.0"},
+		{"NVIDIA_REQUIRE_CUDA=cuda>=12.4", "NVIDIA_REQUIRE_DRIVER=driver<560", "NVIDIA_REQUIRE_BRAND=brand!=geforce"},
+		{"CUDA_VERSION=12.9.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.9 , brand=tesla"},
+		{"CUDA_VERSION=12.8.1"},
+	} {
+		s, err := RequireAnnotation(env)
+		if err != nil {
+			f.Fatalf("seed %q: %v", env, err)
+		}
+		f.Add(s)
+	}
+	for _, s := range []string{"", "{}", "null", "[]", `"cuda>=12.9"`, `{"CUDA_VERSION":12.9}`, `{"PATH":"/bin"}`,
+		`{"NVIDIA_REQUIRE_CUDA":"cuda>=12.9"} {}`, `{"NVIDIA_REQUIRE_CUDA":"cuda>=12.9","NVIDIA_REQUIRE_CUDA":"cuda>=13.0"}`,
+		`{"NVIDIA_REQUIRE_A=B":"arch>=8.0"}`, `{"NVIDIA_REQUIRE_JETPACK":"x"}`, `{"NVIDIA_DISABLE_REQUIRE":"maybe","CUDA_VERSION":"99"}`,
+		`{"CUDA_VERSION":"12.9\u0000"}`, `{"NVIDIA_REQUIRE_CUDA":"` + strings.Repeat("cuda>=12.9 ", 900) + `"}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		req, disabled, err := ParseRequireAnnotation(s)
+		md := Metadata{Variant: "cu129", CUDA: "12.9", Require: s}
+		if _, aerr := ParseAnnotations(md.Annotations()); aerr == nil && err != nil && s != "" && strings.TrimSpace(s) == s {
+			t.Fatalf("ParseAnnotations took %q, which ParseRequireAnnotation refuses: %v", s, err)
+		}
+		if err != nil {
+			return
+		}
+		if disabled != (req == nil) {
+			t.Fatalf("%q: disabled %v with requirements %+v", s, disabled, req)
+		}
+		var vars map[string]string
+		if err := json.Unmarshal([]byte(s), &vars); err != nil {
+			t.Fatalf("%q parsed, but is not a JSON object of strings: %v", s, err)
+		}
+		env := make([]string, 0, len(vars))
+		for k, v := range vars {
+			env = append(env, k+"="+v)
+		}
+		sort.Strings(env)
+		fromEnv, err := RequirementsFromEnv(env)
+		if err != nil {
+			t.Fatalf("%q parsed, but the same Env does not: %v", s, err)
+		}
+		back, err := RequireAnnotation(env)
+		if err != nil {
+			t.Fatalf("%q parsed, but RequireAnnotation of its Env fails: %v", s, err)
+		}
+		again, againDisabled, err := ParseRequireAnnotation(back)
+		if err != nil || againDisabled != disabled {
+			t.Fatalf("%q written back as %q: %v, disabled %v (want %v)", s, back, err, againDisabled, disabled)
+		}
+		for _, n := range fuzzNodes {
+			ok, why := req.Check(n)
+			eok, ewhy := fromEnv.Check(n)
+			aok, awhy := again.Check(n)
+			if ok != eok || why != ewhy || ok != aok || why != awhy {
+				t.Fatalf("%q on %+v: annotation (%v, %q), Env (%v, %q), written back (%v, %q)", s, n, ok, why, eok, ewhy, aok, awhy)
+			}
+			if !ok && why == "" {
+				t.Fatalf("%q fails on %+v without a reason", s, n)
+			}
+			// As Reject judges a published entry: the requirement set alone.
+			v := Variant{Metadata: md, Require: req, RequireDisabled: disabled}
+			if got := Reject(n, v); (got == "") != ok {
+				t.Fatalf("%q on %+v: Reject %q, but the set holds %v", s, n, got, ok)
+			}
 		}
 	})
 }

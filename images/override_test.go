@@ -125,20 +125,47 @@ func TestOverrideFileRefuses(t *testing.T) {
 		t.Errorf("refused values were recorded: %v", of.Overrides)
 	}
 
-	bad := []struct{ name, body, want string }{
-		{"bad value", "overrides:\n  vllm: CU13\n", "engine vllm"},
-		{"bad engine", "overrides:\n  Bad/Engine: cu13\n", "not an engine name"},
-		{"misspelt key", "overides:\n  vllm: cu13\n", "parse overrides"},
-		{"not yaml", "overrides: [unclosed\n", "parse overrides"},
-		{"value not a string", "overrides:\n  vllm: [cu13]\n", "parse overrides"},
+	// A file in the wrong shape is told so in YAML's words (a mapping, a
+	// list, a string) and with the shape wanted, never in the JSON
+	// decoder's ("error unmarshaling JSON", "Go struct field").
+	const shape = "want a mapping whose one key, overrides, maps each engine to its override"
+	bad := []struct {
+		name, body string
+		want       []string
+	}{
+		{"bad value", "overrides:\n  vllm: CU13\n", []string{"engine vllm"}},
+		{"bad engine", "overrides:\n  Bad/Engine: cu13\n", []string{"not an engine name"}},
+		{"misspelt key", "overides:\n  vllm: cu13\n", []string{"parse overrides", `unknown key "overides" at the top`, shape}},
+		{"not yaml", "overrides: [unclosed\n", []string{"parse overrides", "not YAML: ", "line 1", shape}},
+		{"value not a string", "overrides:\n  vllm: [cu13]\n", []string{"parse overrides", "engine vllm: its override is a list", "want one value: auto, none"}},
+		{"value a mapping", "overrides:\n  vllm:\n    variant: cu13\n", []string{"engine vllm: its override is a mapping"}},
+		{"overrides a list", "overrides:\n  - vllm: cu13\n", []string{"overrides is a list", shape}},
+		{"overrides a string", "overrides: cu13\n", []string{"overrides is a string", shape}},
+		{"the file a list", "- vllm: cu13\n", []string{"the file is a list", shape}},
+		{"an engine twice", "overrides:\n  vllm: cu13\n  vllm: cu129\n", []string{`key "vllm" already set`}},
 	}
 	for _, tc := range bad {
 		path := filepath.Join(t.TempDir(), "o.yaml")
 		if err := os.WriteFile(path, []byte(tc.body), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := LoadOverrides(path); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: LoadOverrides = %v, want %q", tc.name, err, tc.want)
+		_, err := LoadOverrides(path)
+		if err == nil {
+			t.Errorf("%s: LoadOverrides took %q", tc.name, tc.body)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: LoadOverrides = %v, want %q", tc.name, err, w)
+			}
+		}
+		for _, no := range []string{"JSON", "json", "Go struct", "Go value", "map[string]string"} {
+			if strings.Contains(err.Error(), no) {
+				t.Errorf("%s: the error speaks of %q: %v", tc.name, no, err)
+			}
+		}
+		if !strings.Contains(err.Error(), path) {
+			t.Errorf("%s: the error does not name the file: %v", tc.name, err)
 		}
 	}
 	// A file the hand wrote in flow style reads.

@@ -52,7 +52,7 @@ func LoadOverrides(path string) (*OverrideFile, error) {
 	var doc overrideDoc
 	// Strict: a misspelt top-level key would otherwise silently mean "no overrides".
 	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
-		return nil, fmt.Errorf("parse overrides %s: %w (want `overrides: {ENGINE: VALUE}`)", path, err)
+		return nil, overrideShapeError(path, data, err)
 	}
 	for engine, value := range doc.Overrides {
 		if !ValidEngineName(engine) {

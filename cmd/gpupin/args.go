@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -20,7 +21,12 @@ func reorderArgs(app *cli.App, args []string) []string {
 	// Global flags before the command.
 	for i < len(args) && strings.HasPrefix(args[i], "-") && args[i] != "-" && args[i] != "--" {
 		n := flagArity(app.Flags, args[i])
-		out = append(out, args[i:min(i+n, len(args))]...)
+		if n == 0 || i+n > len(args) {
+			// Unknown, or its value is missing: left as given, for
+			// urfave/cli to refuse by name.
+			return args
+		}
+		out = append(out, args[i:i+n]...)
 		i += n
 	}
 	if i >= len(args) {
@@ -56,12 +62,23 @@ func reorderArgs(app *cli.App, args []string) []string {
 			continue
 		}
 		if n := flagArity(cmd.Flags, a); n > 0 {
-			flags = append(flags, args[i:min(i+n, len(args))]...)
+			if i+n > len(args) {
+				// The last word, and its value missing: last where the
+				// command's flags are parsed, so urfave/cli says so
+				// ("flag needs an argument") rather than taking the
+				// next argument for its value.
+				return append(append(append(append(out, globals...), path...), flags...), a)
+			}
+			flags = append(flags, args[i:i+n]...)
 			i += n
 			continue
 		}
 		if n := flagArity(app.Flags, a); n > 0 {
-			globals = append(globals, args[i:min(i+n, len(args))]...)
+			if i+n > len(args) {
+				// The same for a global flag, where globals are parsed.
+				return append(append(out, globals...), a)
+			}
+			globals = append(globals, args[i:i+n]...)
 			i += n
 			continue
 		}
@@ -108,12 +125,34 @@ func findCommand(cmds []*cli.Command, name string) *cli.Command {
 	return nil
 }
 
-// usageExits makes every usage error exit 2, on every command.
+// usageExits makes every usage error exit 2, on every command: a flag
+// refused, and a command or subcommand that does not exist (urfave/cli's
+// own answer to that exits 3, which is gpupin's "no result").
 func usageExits(cmds []*cli.Command) {
 	for _, c := range cmds {
 		c.OnUsageError = func(_ *cli.Context, err error, _ bool) error {
 			return cli.Exit(err.Error(), exitUsage)
 		}
+		if len(c.Subcommands) > 0 && c.Action == nil {
+			c.Action = unknownCommand
+		}
 		usageExits(c.Subcommands)
 	}
+}
+
+// unknownCommand is the action of the app and of commands that only have
+// subcommands: reached with an argument, that argument names no command.
+func unknownCommand(c *cli.Context) error {
+	root := c.Command == nil || c.Command.Name == c.App.Name
+	if c.Args().Present() {
+		where := c.App.Name
+		if !root {
+			where += " " + c.Command.Name
+		}
+		return cli.Exit(fmt.Sprintf("%s has no command %q (see %s --help)", where, c.Args().First(), where), exitUsage)
+	}
+	if root {
+		return cli.ShowAppHelp(c)
+	}
+	return cli.ShowSubcommandHelp(c)
 }

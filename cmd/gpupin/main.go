@@ -65,5 +65,6 @@ func newApp() *cli.App {
 			return cli.Exit(err.Error(), exitUsage)
 		},
 		Before: setupLogging,
+		Action: unknownCommand,
 	}
 }

@@ -69,10 +69,7 @@ func loadOverrideFile(c *cli.Context) (*images.OverrideFile, error) {
 }
 
 func runOverrideSet(c *cli.Context) error {
-	args, err := trailingArgs(c)
-	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
-	}
+	args := c.Args().Slice()
 	if len(args) != 2 {
 		return cli.Exit("usage: gpupin override set ENGINE VALUE [--ref REF]; "+images.OverrideForms, exitUsage)
 	}
@@ -140,10 +137,7 @@ func checkOverrideAgainst(c *cli.Context, engine string, ov images.Override, ref
 }
 
 func runOverrideGet(c *cli.Context) error {
-	args, err := trailingArgs(c)
-	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
-	}
+	args := c.Args().Slice()
 	if len(args) != 1 {
 		return cli.Exit("usage: gpupin override get ENGINE", exitUsage)
 	}
@@ -168,10 +162,7 @@ func runOverrideGet(c *cli.Context) error {
 }
 
 func runOverrideList(c *cli.Context) error {
-	args, err := trailingArgs(c)
-	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
-	}
+	args := c.Args().Slice()
 	if len(args) > 0 {
 		return cli.Exit("usage: gpupin override list", exitUsage)
 	}
@@ -197,10 +188,7 @@ func runOverrideList(c *cli.Context) error {
 }
 
 func runOverrideClear(c *cli.Context) error {
-	args, err := trailingArgs(c)
-	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
-	}
+	args := c.Args().Slice()
 	if len(args) != 1 {
 		return cli.Exit("usage: gpupin override clear ENGINE", exitUsage)
 	}

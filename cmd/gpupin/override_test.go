@@ -78,7 +78,7 @@ func TestOverrideCommands(t *testing.T) {
 	// And plan reads it.
 	h580 := w.nodeFile(t, "h580", factsH100on580)
 	out, msg, code := choiceRun(t, "--overrides", path, "plan", w.engine, "--node", h580)
-	if code != exitOK || !strings.Contains(out, "(override: cu13)") || strings.Contains(out, "2. ") {
+	if code != exitOK || !strings.Contains(out, "(override: cu13, from the overrides file)") || strings.Contains(out, "2. ") {
 		t.Errorf("plan after override set: exit %d (%s):\n%s", code, msg, out)
 	}
 }

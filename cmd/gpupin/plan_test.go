@@ -111,8 +111,10 @@ func TestPlanJSONSimulated(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &p); err != nil {
 		t.Fatalf("plan --json is not JSON: %v\n%s", err, out)
 	}
-	// The shape scripts rely on (issue 2).
-	if got := keysOf(p); got != "candidates,node,outcome,override,ref,rejected,simulated" {
+	// The shape scripts rely on (issue 2), and what the one decision
+	// (provision.Plan) adds: the pin key, how it was named, where the
+	// override came from.
+	if got := keysOf(p); got != "candidates,derived,engine,key,named_by,node,outcome,override,override_from,ref,rejected,simulated,source,version" {
 		t.Errorf("plan keys = %s", got)
 	}
 	if p["ref"] != w.engine || p["simulated"] != true || p["override"] != "auto" || p["outcome"] != "ready-to-provision" {
@@ -123,7 +125,7 @@ func TestPlanJSONSimulated(t *testing.T) {
 		t.Fatalf("candidates = %v", cands)
 	}
 	first := cands[0].(map[string]any)
-	if got := keysOf(first); got != "cuda,derived,platform,ref,variant" {
+	if got := keysOf(first); got != "cuda,derived,media_type,platform,ref,variant" {
 		t.Errorf("candidate keys = %s", got)
 	}
 	if first["variant"] != "cu13" || first["cuda"] != "13.0" || first["platform"] != "linux/amd64" || first["derived"] != false ||
@@ -165,34 +167,35 @@ func TestPlanCasesSimulated(t *testing.T) {
 	}{
 		{name: "human form on driver 575", args: []string{"--overrides", empty, "plan", w.engine, "--node", h575},
 			code: exitOK, out: []string{
-				"SIMULATED", "plan for " + w.engine + " (override: auto)",
+				"SIMULATED", "plan for " + w.engine + " (override: auto, from default)",
 				"node: driver 575.57.08, CUDA 12.9, " + "linux/amd64", "0 NVIDIA H100 80GB HBM3 (cc 9.0)",
 				"candidates, in the order they would be tried:", "1. cu129",
-				"rejected:", "cu13: driver 575.57.08 supports CUDA 12.9; cu13 needs 13.0",
+				"rejected:", "  cu13: driver 575.57.08 supports CUDA 12.9; cu13 needs 13.0",
 				"outcome: ready-to-provision"},
-			notOut: []string{"DERIVED", "2. "}},
+			notOut: []string{"DERIVED", "2. ", "cu13: cu13:"}},
 		{name: "global --node before the command", args: []string{"--node", h580, "--overrides", empty, "plan", w.engine},
 			code: exitOK, out: []string{"SIMULATED", "1. cu13", "2. cu129"}},
 		{name: "--override none", args: []string{"--overrides", empty, "plan", w.engine, "--node", h580, "--override", "none"},
-			code: exitNoResult, out: []string{"(override: none)", "outcome: none"}},
+			code: exitNoResult, out: []string{"(override: none, from --override)", "outcome: none"}},
 		{name: "--override variant", args: []string{"--overrides", empty, "plan", "--override=cu129", w.engine, "--node", h580},
-			code: exitOK, out: []string{"(override: cu129)", "1. cu129"}, notOut: []string{"2. "}},
+			code: exitOK, out: []string{"(override: cu129, from --override)", "1. cu129"}, notOut: []string{"2. "}},
 		{name: "--override missing variant", args: []string{"--overrides", empty, "plan", w.engine, "--node", h580, "--override", "cu118"},
 			code: exitNoResult, out: []string{"outcome: no-candidate", "published: cu129, cu13"}},
 		{name: "--override image", args: []string{"--overrides", empty, "plan", w.engine, "--node", h580, "--override", w.image},
 			code: exitOK, out: []string{"plan for " + w.engine, "1. cu128", w.reg.Host + "/myorg/vllm-custom@sha256:", "(derived)", "DERIVED"}},
 		{name: "overrides file, by engine annotation", args: []string{"--overrides", ovFile("overrides: {vllm: cu129}\n"), "plan", w.engine, "--node", h580},
-			code: exitOK, out: []string{"(override: cu129)", "1. cu129"}, notOut: []string{"2. "}},
+			code: exitOK, out: []string{"(override: cu129, from the overrides file)", "pin key: vllm:0.11.0 (named by the metadata)", "1. cu129"}, notOut: []string{"2. "}},
 		{name: "overrides file: none", args: []string{"--overrides", ovFile("overrides: {vllm: none}\n"), "plan", w.engine, "--node", h580},
 			code: exitNoResult, out: []string{"outcome: none"}},
 		{name: "overrides file, engine from the repository", args: []string{"--overrides", ovFile("overrides: {vllm-openai: cu129}\n"), "plan", w.derived, "--node", h580},
-			code: exitOK, out: []string{"(override: cu129)", "DERIVED", "1. cu129"}, notOut: []string{"2. "}},
+			code: exitOK, out: []string{"(override: cu129, from the overrides file)", "pin key: vllm-openai:v0.20.0 (named by the reference)", "DERIVED", "1. cu129"}, notOut: []string{"2. "}},
 		{name: "--override beats the file", args: []string{"--overrides", ovFile("overrides: {vllm: none}\n"), "plan", w.engine, "--node", h580, "--override", "auto"},
 			code: exitOK, out: []string{"1. cu13"}},
 		{name: "overrides file: image", args: []string{"--overrides", ovFile("overrides:\n  vllm: " + w.image + "\n"), "plan", w.engine, "--node", h580},
 			code: exitOK, out: []string{"1. cu128"}},
 		{name: "derived metadata is said", args: []string{"--overrides", empty, "plan", w.derived, "--node", h575},
-			code: exitOK, out: []string{"DERIVED", "1. cu129", "(derived)", "cu13: cu13: driver 575.57.08 supports CUDA 12.9; NVIDIA_REQUIRE_CUDA needs cuda>=13.0"}},
+			code: exitOK, out: []string{"DERIVED", "1. cu129", "(derived)", "  cu13: driver 575.57.08 supports CUDA 12.9; NVIDIA_REQUIRE_CUDA needs cuda>=13.0"},
+			notOut: []string{"cu13: cu13:"}},
 		{name: "unsupported node", args: []string{"--overrides", empty, "plan", w.engine, "--node", nodrv},
 			code: exitNoResult, out: []string{"SIMULATED", "unsupported: no NVIDIA driver (", "outcome: unsupported"}},
 		{name: "no REF", args: []string{"plan", "--node", h580}, code: exitUsage, errText: "usage: gpupin plan REF"},
@@ -202,6 +205,8 @@ func TestPlanCasesSimulated(t *testing.T) {
 		{name: "bad node file", args: []string{"plan", w.engine, "--node", filepath.Join(w.dir, "missing.json")}, code: exitError, errText: "read node facts"},
 		{name: "missing tag", args: []string{"--overrides", empty, "plan", w.reg.Host + "/vllm:9.9.9", "--node", h580}, code: exitError, errText: "resolve"},
 		{name: "bad overrides file", args: []string{"--overrides", ovFile("overrides: {vllm: CU1}\n"), "plan", w.engine, "--node", h580}, code: exitError, errText: "engine vllm"},
+		{name: "overrides file in the wrong shape", args: []string{"--overrides", ovFile("overrides:\n  - vllm: cu129\n"), "plan", w.engine, "--node", h580},
+			code: exitError, errText: "overrides is a list (- ITEM lines, or [A, B]); want a mapping whose one key, overrides, maps each engine to its override"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -38,14 +38,16 @@ func runCommand() *cli.Command {
 }
 
 func runRun(c *cli.Context) error {
-	args, err := trailingArgs(c)
-	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
-	}
-	if len(args) < 1 {
+	// Flags after the target were moved before it (reorderArgs); what
+	// follows "--" is the replica's, untouched, flags and all.
+	args := c.Args().Slice()
+	if len(args) < 1 || args[0] == "--" {
 		return cli.Exit("usage: gpupin run ENGINE:VERSION|REF -- ARGS", exitUsage)
 	}
 	target, cmdArgs := args[0], args[1:]
+	if len(cmdArgs) > 0 && cmdArgs[0] == "--" {
+		cmdArgs = cmdArgs[1:]
+	}
 	if c.String("net") != "host" && c.String("net") != "none" {
 		return cli.Exit("--net: want host or none", exitUsage)
 	}
