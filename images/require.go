@@ -1,6 +1,7 @@
 package images
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -353,10 +354,15 @@ func RequireAnnotation(env []string) (string, error) {
 	if _, err := RequirementsFromEnv(env); err != nil {
 		return "", err
 	}
-	b, err := json.Marshal(vars)
-	if err != nil {
+	// Written as people read it (cuda>=12.9, not cuda\u003e=12.9): it is
+	// shown by crane, skopeo and registries' UIs as it is.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(vars); err != nil {
 		return "", err
 	}
+	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	if len(b) > maxRequireAnnotation {
 		return "", fmt.Errorf("requirement variables of %d bytes: more than %d", len(b), maxRequireAnnotation)
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
@@ -37,10 +38,15 @@ func main() {
 	if err := app.RunContext(ctx, reorderArgs(app, os.Args)); err != nil {
 		var ec cli.ExitCoder
 		if errors.As(err, &ec) {
-			if msg := err.Error(); msg != "" {
+			msg := err.Error()
+			if msg != "" {
 				fmt.Fprintln(os.Stderr, "gpupin:", msg)
 			}
-			os.Exit(ec.ExitCode())
+			code := ec.ExitCode()
+			if strings.HasPrefix(msg, "No help topic for") {
+				code = exitUsage // urfave's help command says 3 for an unknown topic
+			}
+			os.Exit(code)
 		}
 		fmt.Fprintln(os.Stderr, "gpupin:", err)
 		os.Exit(exitError)
