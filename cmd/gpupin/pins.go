@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -21,6 +23,17 @@ type pinView struct {
 	runtime.Pin
 	// Valid is true when the pin was proved under this node's fingerprint.
 	Valid *bool `json:"valid,omitempty"`
+	// SimulatedChecks are the checks its verdict says were simulated.
+	SimulatedChecks []string `json:"simulated_checks,omitempty"`
+}
+
+// simulatedChecks reads them from the pin's compact verdict.
+func simulatedChecks(verdict string) []string {
+	var v struct {
+		Checks []string `json:"simulated_checks"`
+	}
+	json.Unmarshal([]byte(verdict), &v)
+	return v.Checks
 }
 
 func pinsCommand() *cli.Command {
@@ -65,6 +78,7 @@ func pinsCommand() *cli.Command {
 			views := make([]pinView, len(pins))
 			for i, p := range pins {
 				views[i].Pin = p
+				views[i].SimulatedChecks = simulatedChecks(p.Verdict)
 				if fp != "" {
 					v := p.Node == fp
 					views[i].Valid = &v
@@ -92,6 +106,9 @@ func pinsCommand() *cli.Command {
 				}
 				if v.Simulated {
 					valid += ", SIMULATED"
+					if n := len(v.SimulatedChecks); n > 0 {
+						valid += fmt.Sprintf(" (%d checks simulated: %s)", n, strings.Join(v.SimulatedChecks, "; "))
+					}
 				}
 				if !v.Restored.IsZero() {
 					valid += ", restored " + v.Restored.Format(time.RFC3339)
