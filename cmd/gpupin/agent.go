@@ -13,7 +13,7 @@ import (
 	"github.com/gpupin/gpupin/provision"
 )
 
-func init() { register(agentCommand()) }
+func init() { register(agentCommand) }
 
 func agentCommand() *cli.Command {
 	return &cli.Command{

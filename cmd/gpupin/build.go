@@ -9,7 +9,7 @@ import (
 	"github.com/gpupin/gpupin/build"
 )
 
-func init() { register(buildCommand()) }
+func init() { register(buildCommand) }
 
 func buildCommand() *cli.Command {
 	return &cli.Command{

@@ -11,7 +11,7 @@ import (
 	"github.com/gpupin/gpupin/node"
 )
 
-func init() { register(detectCommand()) }
+func init() { register(detectCommand) }
 
 func detectCommand() *cli.Command {
 	return &cli.Command{

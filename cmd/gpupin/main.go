@@ -27,9 +27,12 @@ const (
 // order fixes the help listing; each command's file registers itself.
 var order = []string{"detect", "plan", "provision", "pins", "unpin", "run", "gc", "probe", "override", "agent", "publish", "build"}
 
-var commands []*cli.Command
+// commands make each command afresh: urfave/cli keeps parsed flag values
+// (repeatable lists among them) and help names in the Command it runs, so
+// an app run twice in one process (the tests do) must not share them.
+var commands []func() *cli.Command
 
-func register(c *cli.Command) { commands = append(commands, c) }
+func register(c func() *cli.Command) { commands = append(commands, c) }
 
 func main() {
 	app := newApp()
@@ -58,7 +61,10 @@ func newApp() *cli.App {
 	for i, n := range order {
 		rank[n] = i
 	}
-	cmds := append([]*cli.Command(nil), commands...)
+	cmds := make([]*cli.Command, 0, len(commands))
+	for _, c := range commands {
+		cmds = append(cmds, c())
+	}
 	sort.SliceStable(cmds, func(i, j int) bool { return rank[cmds[i].Name] < rank[cmds[j].Name] })
 	usageExits(cmds)
 	return &cli.App{

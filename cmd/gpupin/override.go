@@ -10,7 +10,7 @@ import (
 	"github.com/gpupin/gpupin/images"
 )
 
-func init() { register(overrideCommand()) }
+func init() { register(overrideCommand) }
 
 func overrideCommand() *cli.Command {
 	jsonFlag := func() cli.Flag { return &cli.BoolFlag{Name: "json", Usage: "print JSON"} }

@@ -13,9 +13,9 @@ import (
 )
 
 func init() {
-	register(pinsCommand())
-	register(unpinCommand())
-	register(gcCommand())
+	register(pinsCommand)
+	register(unpinCommand)
+	register(gcCommand)
 }
 
 // pinView is a pin with whether it still holds on this node.

@@ -11,7 +11,7 @@ import (
 	"github.com/gpupin/gpupin/runtime"
 )
 
-func init() { register(planCommand()) }
+func init() { register(planCommand) }
 
 func planCommand() *cli.Command {
 	return &cli.Command{

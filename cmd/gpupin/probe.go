@@ -9,7 +9,7 @@ import (
 	"github.com/gpupin/gpupin/images"
 )
 
-func init() { register(probeCommand()) }
+func init() { register(probeCommand) }
 
 func probeCommand() *cli.Command {
 	return &cli.Command{

@@ -11,7 +11,7 @@ import (
 	"github.com/gpupin/gpupin/provision"
 )
 
-func init() { register(provisionCommand()) }
+func init() { register(provisionCommand) }
 
 func provisionCommand() *cli.Command {
 	return &cli.Command{

@@ -13,7 +13,7 @@ import (
 	"github.com/gpupin/gpupin/build"
 )
 
-func init() { register(publishCommand()) }
+func init() { register(publishCommand) }
 
 // listValue is a repeatable flag that keeps commas: arch lists and
 // annotation values contain them, and StringSliceFlag would split there.
@@ -47,7 +47,7 @@ func publishCommand() *cli.Command {
 			"VERSION-VARIANT, then the tag; a failure before the tag leaves it as it was. A variant missing a platform " +
 			"another variant has is refused unless --allow-partial-platforms.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "tag", Aliases: []string{"t"}, Required: true, Usage: "`REPO:VERSION` to publish"},
+			&cli.StringFlag{Name: "tag", Aliases: []string{"t"}, Usage: "`REPO:VERSION` to publish (required)"},
 			&cli.GenericFlag{Name: "variant", Value: &listValue{}, Usage: "`NAME=REF` of a variant image; repeat, in preference order for ties"},
 			&cli.StringFlag{Name: "engine", Usage: "engine name (default: the io.gpupin.engine label, else the repository's last element)"},
 			&cli.GenericFlag{Name: "archs", Value: &listValue{}, Usage: "`NAME=LIST` compute capabilities of a variant, overriding its io.gpupin.cuda.archs label and TORCH_CUDA_ARCH_LIST; repeatable"},
@@ -63,6 +63,11 @@ func publishCommand() *cli.Command {
 func runPublish(c *cli.Context) error {
 	if c.NArg() > 0 {
 		return cli.Exit(fmt.Sprintf("unexpected argument %q (variants are given with --variant NAME=REF)", c.Args().First()), exitUsage)
+	}
+	// Checked here, not with urfave/cli's Required, whose refusal exits 1:
+	// a usage error exits 2.
+	if c.String("tag") == "" {
+		return cli.Exit("--tag REPO:VERSION is required", exitUsage)
 	}
 	opts := build.PublishOptions{
 		Tag:                   c.String("tag"),

@@ -13,7 +13,7 @@ import (
 	"github.com/gpupin/gpupin/runtime"
 )
 
-func init() { register(runCommand()) }
+func init() { register(runCommand) }
 
 func runCommand() *cli.Command {
 	return &cli.Command{
