@@ -3,14 +3,12 @@ package build
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -19,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/registry"
 )
 
 // BuildOptions say what to do with a spec.
@@ -34,9 +33,9 @@ type BuildOptions struct {
 	AllowPartialPlatforms bool
 	// Annotations go on the index and every entry, as with Publish.
 	Annotations map[string]string
-	Insecure    []string
-	Keychain    authn.Keychain
-	Transport   http.RoundTripper
+	// Registry is Publish's option of that name: how the bases are read
+	// and the result pushed.
+	Registry *registry.Policy
 }
 
 // BuiltImage is one variant image for one platform.
@@ -97,11 +96,10 @@ func Build(ctx context.Context, opts BuildOptions) (*BuildResult, error) {
 		Tag:                   s.Repository + ":" + s.Version,
 		Engine:                s.Engine,
 		Annotations:           opts.Annotations,
-		Insecure:              opts.Insecure,
 		AllowPartialPlatforms: opts.AllowPartialPlatforms,
-		Keychain:              opts.Keychain,
-		Transport:             opts.Transport,
+		Registry:              opts.Registry,
 	}
+	popts.Registry = popts.policy()
 	if s.Repository == "" {
 		// Only names the alias tags inside the plan; nothing is pushed.
 		popts.Tag = "localhost/" + s.Engine + ":" + s.Version
@@ -111,7 +109,7 @@ func Build(ctx context.Context, opts BuildOptions) (*BuildResult, error) {
 	for i, vs := range s.Variants {
 		v := Variant{Name: vs.Name, Archs: vs.Archs}
 		for _, ps := range vs.Platforms {
-			img, err := buildImage(s, vs, ps, epoch, opts.Insecure, ropts)
+			img, err := buildImage(s, vs, ps, epoch, ropts)
 			if err != nil {
 				return nil, fmt.Errorf("variants[%d] (%s, %s): %w", i, vs.Name, ps, err)
 			}
@@ -191,7 +189,7 @@ func writeLayout(dir string, p *plan) error {
 }
 
 // buildImage assembles one variant for one platform.
-func buildImage(s *Spec, vs VariantSpec, platform string, epoch time.Time, insecure []string, ropts []remote.Option) (v1.Image, error) {
+func buildImage(s *Spec, vs VariantSpec, platform string, epoch time.Time, ropts []remote.Option) (v1.Image, error) {
 	plat, err := v1.ParsePlatform(platform)
 	if err != nil {
 		return nil, fmt.Errorf("platform %q: %w", platform, err)
@@ -200,7 +198,7 @@ func buildImage(s *Spec, vs VariantSpec, platform string, epoch time.Time, insec
 	if vs.Base == "scratch" {
 		base = mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
 	} else {
-		ref, err := parseRef(vs.Base, insecure)
+		ref, err := parseRef(vs.Base)
 		if err != nil {
 			return nil, fmt.Errorf("base: %w", err)
 		}

@@ -8,11 +8,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"sort"
 	"strings"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -56,18 +54,18 @@ type PublishOptions struct {
 	Engine string
 	// Annotations go on the index and on every entry, beside gpupin's.
 	Annotations map[string]string
-	// Insecure names registries reached over plain HTTP (host[:port]).
-	Insecure []string
 	// DryRun reads and checks everything and pushes nothing.
 	DryRun bool
 	// AllowPartialPlatforms publishes when a variant lacks a platform another
 	// variant has, with a warning; by default that is refused, since nodes on
 	// that platform would silently lose the variant.
 	AllowPartialPlatforms bool
-	// Keychain gives credentials; nil means the Docker config keychain.
-	Keychain authn.Keychain
-	// Transport carries the requests; nil means remote.DefaultTransport.
-	Transport http.RoundTripper
+	// Registry is how registries are reached, for reading the sources,
+	// pushing and reading back: the policy nodes resolve and pull by
+	// (certs.d hosts, CAs and client certificates, the plain-HTTP rule,
+	// credentials). nil means registry.New's defaults: no certs.d, plain
+	// HTTP for loopback only, the Docker config's credentials.
+	Registry *registry.Policy
 	// Jobs bounds concurrent blob transfers; 0 means go-containerregistry's default.
 	Jobs int
 }
@@ -119,6 +117,9 @@ type alias struct {
 // the children by digest, the alias tags, and the tag last, so a failure
 // before that leaves the tag as it was. It then reads it all back.
 func Publish(ctx context.Context, opts PublishOptions) (*Result, error) {
+	// One policy for the whole publish, so an error can say which hosts
+	// its reads and pushes tried.
+	opts.Registry = opts.policy()
 	p, err := makePlan(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -139,9 +140,13 @@ func Publish(ctx context.Context, opts PublishOptions) (*Result, error) {
 
 // push writes the plan: by digest first, so children, their blobs and the
 // index land without touching any tag (blobs present are skipped after a
-// HEAD; blobs in another repository of the same registry are mounted), then
-// the alias tags, then the tag, then reads it all back.
+// HEAD; blobs in another repository of the same registry are mounted);
+// then it reads the index back by digest as nodes would, through the
+// registry policy, so a registry nodes cannot read gets no tag; then the
+// alias tags, then the tag, then reads it all back.
 func (p *plan) push(ctx context.Context, opts PublishOptions) error {
+	policy := opts.policy()
+	explain := func(err error) error { return policy.Explain(err, p.tag.RegistryStr()) }
 	pusher, err := remote.NewPusher(remoteOptions(ctx, opts)...)
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", p.tag, err)
@@ -150,36 +155,43 @@ func (p *plan) push(ctx context.Context, opts PublishOptions) error {
 	if err != nil {
 		return fmt.Errorf("publish %s: index digest: %w", p.tag, err)
 	}
-	if err := pusher.Push(ctx, p.tag.Context().Digest(idxDigest.String()), p.index); err != nil {
-		return fmt.Errorf("publish %s: push variant images (tag not written): %w", p.tag, err)
+	byDigest := p.tag.Context().Digest(idxDigest.String())
+	if err := pusher.Push(ctx, byDigest, p.index); err != nil {
+		return explain(fmt.Errorf("publish %s: push variant images (tag not written): %w", p.tag, err))
+	}
+	if err := p.nodeView(ctx, policy, byDigest.String()); err != nil {
+		return fmt.Errorf("publish %s: pushed by digest, but nodes could not read it back (tag not written): %w", p.tag, err)
 	}
 	for _, a := range p.aliases {
 		if err := pusher.Push(ctx, a.tag, a.index); err != nil {
-			return fmt.Errorf("publish %s: alias tag %s (tag not written): %w", p.tag, a.tag, err)
+			return explain(fmt.Errorf("publish %s: alias tag %s (tag not written): %w", p.tag, a.tag, err))
 		}
 	}
 	if err := pusher.Push(ctx, p.tag, p.index); err != nil {
-		return fmt.Errorf("publish %s: push index: %w", p.tag, err)
+		return explain(fmt.Errorf("publish %s: push index: %w", p.tag, err))
 	}
 	if err := verify(ctx, opts, p); err != nil {
-		return fmt.Errorf("publish %s: pushed, but reading it back failed: %w", p.tag, err)
+		return explain(fmt.Errorf("publish %s: pushed, but reading it back failed: %w", p.tag, err))
 	}
 	return nil
 }
 
+// policy is the registry policy publish goes through.
+func (o PublishOptions) policy() *registry.Policy {
+	if o.Registry != nil {
+		return o.Registry
+	}
+	return registry.New(registry.Config{})
+}
+
+// remoteOptions make go-containerregistry's remote follow the registry
+// policy: its transport (hosts, TLS, the plain-HTTP rule) and credentials.
 func remoteOptions(ctx context.Context, opts PublishOptions) []remote.Option {
-	kc := opts.Keychain
-	if kc == nil {
-		kc = authn.DefaultKeychain
-	}
-	tr := opts.Transport
-	if tr == nil {
-		tr = remote.DefaultTransport
-	}
+	policy := opts.policy()
 	ro := []remote.Option{
 		remote.WithContext(ctx),
-		remote.WithAuthFromKeychain(kc),
-		remote.WithTransport(tr),
+		remote.WithAuthFromKeychain(policy.Keychain()),
+		remote.WithTransport(policy.Transport(ctx)),
 		remote.WithUserAgent("gpupin-publish"),
 	}
 	if opts.Jobs > 0 {
@@ -189,7 +201,7 @@ func remoteOptions(ctx context.Context, opts PublishOptions) []remote.Option {
 }
 
 func makePlan(ctx context.Context, opts PublishOptions) (*plan, error) {
-	ref, err := parseRef(opts.Tag, opts.Insecure)
+	ref, err := parseRef(opts.Tag)
 	if err != nil {
 		return nil, fmt.Errorf("tag: %w", err)
 	}
@@ -230,7 +242,7 @@ func makePlan(ctx context.Context, opts PublishOptions) (*plan, error) {
 	ropts := remoteOptions(ctx, opts)
 	var all []*variantImages
 	for _, v := range opts.Variants {
-		vi, err := readVariant(ctx, v, opts.Insecure, ropts)
+		vi, err := readVariant(ctx, v, ropts)
 		if err != nil {
 			return nil, err
 		}
@@ -498,8 +510,15 @@ func verify(ctx context.Context, opts PublishOptions, p *plan) error {
 		}
 	}
 	// Read back as a node reads it: through containerd's resolver.
-	r := images.Resolver{Remote: registry.New(registry.Config{Insecure: opts.Insecure})}
-	set, err := r.Resolve(ctx, p.tag.String())
+	return p.nodeView(ctx, opts.policy(), p.tag.String())
+}
+
+// nodeView resolves ref as nodes do, through containerd's resolver under
+// the registry policy: every variant must be read from annotations, none
+// derived.
+func (p *plan) nodeView(ctx context.Context, policy *registry.Policy, ref string) error {
+	r := images.Resolver{Remote: policy}
+	set, err := r.Resolve(ctx, ref)
 	if err != nil {
 		return err
 	}

@@ -34,7 +34,7 @@ type sourceImage struct {
 
 // readVariant reads a variant's images (from a registry, or in memory) and
 // checks each against its own config.
-func readVariant(ctx context.Context, v Variant, insecure []string, ropts []remote.Option) (*variantImages, error) {
+func readVariant(ctx context.Context, v Variant, ropts []remote.Option) (*variantImages, error) {
 	vi := &variantImages{name: v.Name, inMemory: len(v.Images) > 0}
 	type found struct {
 		img    v1.Image
@@ -47,7 +47,7 @@ func readVariant(ctx context.Context, v Variant, insecure []string, ropts []remo
 			list = append(list, found{img: img, source: fmt.Sprintf("build:%s[%d]", v.Name, i)})
 		}
 	} else {
-		ref, err := parseRef(v.Ref, insecure)
+		ref, err := parseRef(v.Ref)
 		if err != nil {
 			return nil, fmt.Errorf("variant %s: %w", v.Name, err)
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/containerd/containerd/v2/core/remotes/docker/config"
 	remoteerrors "github.com/containerd/containerd/v2/core/remotes/errors"
 	"github.com/containerd/errdefs"
+	ggcrtransport "github.com/google/go-containerregistry/pkg/v1/remote/transport"
 )
 
 // Defaults for the bounds on registry I/O.
@@ -56,6 +57,9 @@ type Config struct {
 	// StallBytes in StallTimeout is cut, with ErrStalled.
 	StallTimeout time.Duration
 	StallBytes   int64
+	// DialContext makes the connections to registries; nil is
+	// net.Dialer's. Tests point registry names at loopback with it.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Policy reaches registries as its Config says. It is safe for concurrent use.
@@ -100,9 +104,16 @@ func (p *Policy) Resolver(ctx context.Context) remotes.Resolver {
 
 // Hosts is containerd's hosts function under this policy.
 func (p *Policy) Hosts(ctx context.Context) docker.RegistryHosts {
+	return p.hosts(ctx, p.updateClient)
+}
+
+// hosts is containerd's hosts function with update putting the bounds on
+// each client it makes: the one place certs.d is read, for containerd's
+// resolver and for Transport alike.
+func (p *Policy) hosts(ctx context.Context, update config.UpdateClientFunc) docker.RegistryHosts {
 	base := config.HostOptions{
 		Credentials:  p.credentialsFor,
-		UpdateClient: p.updateClient,
+		UpdateClient: update,
 	}
 	if p.cfg.HostsDir != "" {
 		if _, err := os.Stat(p.cfg.HostsDir); err == nil {
@@ -128,7 +139,8 @@ func (p *Policy) Hosts(ctx context.Context) docker.RegistryHosts {
 // PlainHTTP reports whether a registry may be reached over plain HTTP:
 // those named insecure (plain HTTP only), and loopback ones (HTTPS tried
 // first, as containerd does for localhost). Nothing else is guessed from
-// an address; a mirror says its own scheme in hosts.toml.
+// an address; a mirror says its own scheme in hosts.toml. Transport
+// refuses a plain-HTTP request by this rule.
 func (p *Policy) PlainHTTP(host string) bool {
 	return p.insecure[host] || isLoopback(host)
 }
@@ -154,9 +166,28 @@ func (p *Policy) remember(host string, hosts []docker.RegistryHost) {
 // (one per endpoint, the token endpoint's included).
 func (p *Policy) updateClient(c *http.Client) error {
 	if t, ok := c.Transport.(*http.Transport); ok {
+		if p.cfg.DialContext != nil {
+			t.DialContext = p.cfg.DialContext
+		}
 		t.ResponseHeaderTimeout = p.cfg.HeaderTimeout
 	}
 	c.Transport = &boundedTransport{next: c.Transport, policy: p}
+	return nil
+}
+
+// updatePushClient is updateClient for Transport's clients, which push:
+// the bounds hold for reads, but a write's answer waits for the registry
+// to take in what was sent (a large blob is hashed, or copied to object
+// storage, before the registry answers), so writes go through a transport
+// without the header timeout.
+func (p *Policy) updatePushClient(c *http.Client) error {
+	t, ok := c.Transport.(*http.Transport)
+	if err := p.updateClient(c); err != nil || !ok {
+		return err
+	}
+	w := t.Clone()
+	w.ResponseHeaderTimeout = 0
+	c.Transport.(*boundedTransport).writes = w
 	return nil
 }
 
@@ -222,7 +253,12 @@ func unauthorized(err error) bool {
 		return true
 	}
 	var st remoteerrors.ErrUnexpectedStatus
-	return errors.As(err, &st) && st.StatusCode == http.StatusUnauthorized
+	if errors.As(err, &st) && st.StatusCode == http.StatusUnauthorized {
+		return true
+	}
+	// go-containerregistry's, through Transport.
+	var te *ggcrtransport.Error
+	return errors.As(err, &te) && te.StatusCode == http.StatusUnauthorized
 }
 
 func (p *Policy) credentialsFor(host string) (string, string, error) {

@@ -30,9 +30,15 @@ var ErrStalled = errors.New("registry stalled")
 type boundedTransport struct {
 	next   http.RoundTripper
 	policy *Policy
+	// writes, when set, carries the requests that are not GET or HEAD,
+	// unbounded (updatePushClient).
+	writes http.RoundTripper
 }
 
 func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.writes != nil && req.Method != http.MethodGet && req.Method != http.MethodHead {
+		return t.writes.RoundTrip(req)
+	}
 	resp, err := t.next.RoundTrip(req)
 	if err != nil {
 		var ne net.Error

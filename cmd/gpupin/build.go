@@ -53,7 +53,7 @@ func runBuild(c *cli.Context) error {
 		Push:                  c.Bool("push"),
 		Annotations:           ann,
 		AllowPartialPlatforms: c.Bool("allow-partial-platforms"),
-		Insecure:              c.StringSlice("insecure-registry"),
+		Registry:              registryPolicy(c),
 	})
 	if err != nil {
 		return err

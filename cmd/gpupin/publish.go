@@ -72,7 +72,7 @@ func runPublish(c *cli.Context) error {
 	opts := build.PublishOptions{
 		Tag:                   c.String("tag"),
 		Engine:                c.String("engine"),
-		Insecure:              c.StringSlice("insecure-registry"),
+		Registry:              registryPolicy(c),
 		DryRun:                c.Bool("dry-run"),
 		AllowPartialPlatforms: c.Bool("allow-partial-platforms"),
 	}
