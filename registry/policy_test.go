@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,45 +29,43 @@ var cu129 = testenv.CU129
 // hostsToml writes DIR/HOST/hosts.toml and returns DIR.
 func hostsToml(t *testing.T, dir, host, body string) string {
 	t.Helper()
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	if err := os.MkdirAll(filepath.Join(dir, host), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, host, "hosts.toml"), []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return testenv.HostsToml(t, dir, host, body)
 }
 
 // A name no DNS knows is resolved through the mirror containerd's certs.d
-// names for it; the variants keep the upstream name, which is what pins
-// are named by.
+// names for it, on both registry implementations; the variants keep the
+// upstream name, which is what pins are named by.
 func TestResolveThroughCertsDMirror(t *testing.T) {
 	ctx := context.Background()
-	reg := testenv.Registry(t)
-	if _, err := sandbox.PublishEngine(ctx, reg.Host, "demo", "1.0", []sandbox.EngineVariant{cu129}); err != nil {
-		t.Fatal(err)
-	}
-	const upstream = "registry.gpupin.invalid"
-	dir := hostsToml(t, "", upstream, fmt.Sprintf("server = \"https://%s\"\n\n[host.\"http://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", upstream, reg.Host))
-	reg.Reset()
-	r := images.Resolver{Remote: registry.New(registry.Config{HostsDir: dir})}
-	set, err := r.Resolve(ctx, upstream+"/demo:1.0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(set.Variants) != 1 || !strings.HasPrefix(set.Variants[0].Ref, upstream+"/demo@sha256:") {
-		t.Fatalf("variants %+v: want the upstream name", set.Variants)
-	}
-	if reg.Count("manifest", "") == 0 {
-		t.Fatal("the mirror saw no request")
-	}
-	// Without certs.d the same name goes nowhere, and the error says where it tried.
-	_, err = (&images.Resolver{Remote: registry.New(registry.Config{})}).Resolve(ctx, upstream+"/demo:1.0")
-	if err == nil || !strings.Contains(err.Error(), "tried https://"+upstream+"/v2") {
-		t.Fatalf("error %v: want the endpoint it tried", err)
+	for _, reg := range testenv.Registries(t) {
+		t.Run(reg.Name, func(t *testing.T) {
+			if _, err := sandbox.PublishEngine(ctx, reg.Host, "demo", "1.0", []sandbox.EngineVariant{cu129}); err != nil {
+				t.Fatal(err)
+			}
+			const upstream = "registry.gpupin.invalid"
+			dir := hostsToml(t, "", upstream, fmt.Sprintf("server = \"https://%s\"\n\n[host.\"http://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", upstream, reg.Host))
+			if reg.InProcess != nil {
+				reg.InProcess.Reset()
+			}
+			r := images.Resolver{Remote: registry.New(registry.Config{HostsDir: dir})}
+			set, err := r.Resolve(ctx, upstream+"/demo:1.0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(set.Variants) != 1 || !strings.HasPrefix(set.Variants[0].Ref, upstream+"/demo@sha256:") {
+				t.Fatalf("variants %+v: want the upstream name", set.Variants)
+			}
+			// The upstream name resolves nowhere, so an answer came from the
+			// mirror; the in-process registry can say so too.
+			if reg.InProcess != nil && reg.InProcess.Count("manifest", "") == 0 {
+				t.Fatal("the mirror saw no request")
+			}
+			// Without certs.d the same name goes nowhere, and the error says where it tried.
+			_, err = (&images.Resolver{Remote: registry.New(registry.Config{})}).Resolve(ctx, upstream+"/demo:1.0")
+			if err == nil || !strings.Contains(err.Error(), "tried https://"+upstream+"/v2") {
+				t.Fatalf("error %v: want the endpoint it tried", err)
+			}
+		})
 	}
 }
 
@@ -94,47 +95,121 @@ func TestResolveNamesEveryHostTried(t *testing.T) {
 	}
 }
 
-// A registry whose certificate is signed by a private CA is trusted when
-// hosts.toml names the CA, for resolving as for pulling; without it, the
-// error is the certificate's.
-func TestResolveTLSWithCAFromHostsToml(t *testing.T) {
+// hosts.toml's TLS settings hold for resolving, on both registry
+// implementations: a CA the test made (only in hosts.toml), a client
+// certificate a registry demands, skip_verify. Without the setting the
+// same resolution fails, with the reason.
+func TestResolveTLSFromHostsToml(t *testing.T) {
 	ctx := context.Background()
 	ca := testenv.CA(t)
-	kp, err := ca.Server("registry", "127.0.0.1")
+	clientCA := testenv.CA(t)
+	client, err := clientCA.Client("client", "gpupin")
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := testenv.Distribution(t, sandbox.DistributionOptions{CertFile: kp.CertFile, KeyFile: kp.KeyFile})
-	img, err := sandbox.Image(sandbox.ImageSpec{Env: []string{"CUDA_VERSION=12.9.1"}})
+	push, err := ca.Remote(client)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, err := name.ParseReference(d.Host + "/tls/demo:1.0")
-	if err != nil {
-		t.Fatal(err)
+	plainTLS := testenv.TLSRegistries(t, ca, testenv.TLSOptions{})
+	mutualTLS := testenv.TLSRegistries(t, ca, testenv.TLSOptions{ClientCAs: []string{clientCA.CertFile}})
+	for i := range plainTLS {
+		for _, reg := range []testenv.Reg{plainTLS[i], mutualTLS[i]} {
+			if _, err := sandbox.PublishEngine(ctx, reg.Host, "demo", "1.0", []sandbox.EngineVariant{cu129}, push...); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	if err := remote.Write(ref, img, d.Remote(ca.Pool())...); err != nil {
-		t.Fatal(err)
+	caLine := fmt.Sprintf("  ca = %q\n", ca.CertFile)
+	clientLine := fmt.Sprintf("  client = [[%q, %q]]\n", client.CertFile, client.KeyFile)
+	for _, tc := range []struct {
+		name     string
+		regs     []testenv.Reg
+		with     string // hosts.toml lines that make it work
+		without  string // the same, less the feature
+		wantFail string
+	}{
+		{"ca", plainTLS, caLine, "", "certificate signed by unknown authority"},
+		{"client certificate", mutualTLS, caLine + clientLine, caLine, "tls:"},
+		{"skip_verify", plainTLS, "  skip_verify = true\n", "", "certificate signed by unknown authority"},
+	} {
+		for _, reg := range tc.regs {
+			t.Run(tc.name+"/"+reg.Name, func(t *testing.T) {
+				// The registry is reached as a mirror of a name of its own,
+				// so that containerd's unverified HTTPS for loopback does
+				// not apply.
+				const upstream = "registry.gpupin.invalid"
+				mirror := func(extra string) *registry.Policy {
+					dir := hostsToml(t, "", upstream, fmt.Sprintf("server = \"https://%s\"\n\n[host.\"https://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n%s", upstream, reg.Host, extra))
+					return registry.New(registry.Config{HostsDir: dir})
+				}
+				_, err := (&images.Resolver{Remote: mirror(tc.without)}).Resolve(ctx, upstream+"/demo:1.0")
+				if err == nil || !strings.Contains(err.Error(), tc.wantFail) {
+					t.Fatalf("resolved without %s, or said something else: %v", tc.name, err)
+				}
+				set, err := (&images.Resolver{Remote: mirror(tc.with)}).Resolve(ctx, upstream+"/demo:1.0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(set.Variants) != 1 || set.Variants[0].Variant != "cu129" || set.Variants[0].Derived {
+					t.Fatalf("variants %+v", set.Variants)
+				}
+			})
+		}
 	}
+}
 
-	// The registry is reached as a mirror of a name of its own, so that
-	// containerd's unverified HTTPS for loopback does not apply.
-	const upstream = "registry.gpupin.invalid"
-	mirror := func(extra string) string {
-		return hostsToml(t, "", upstream, fmt.Sprintf("server = \"https://%s\"\n\n[host.\"https://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n%s", upstream, d.Host, extra))
+// override_path: a mirror whose API is not at /v2 (a registry behind a
+// path on a shared host) is reached at the path hosts.toml gives, on both
+// registry implementations; without override_path containerd appends /v2
+// and finds nothing there.
+func TestResolveOverridePath(t *testing.T) {
+	ctx := context.Background()
+	for _, reg := range testenv.Registries(t) {
+		t.Run(reg.Name, func(t *testing.T) {
+			if _, err := sandbox.PublishEngine(ctx, reg.Host, "demo", "1.0", []sandbox.EngineVariant{cu129}); err != nil {
+				t.Fatal(err)
+			}
+			front := pathFront(t, "/api/registry", reg.Host)
+			const upstream = "registry.gpupin.invalid"
+			policy := func(extra string) *registry.Policy {
+				dir := hostsToml(t, "", upstream, fmt.Sprintf("server = \"https://%s\"\n\n[host.\"http://%s/api/registry\"]\n  capabilities = [\"pull\", \"resolve\"]\n%s", upstream, front, extra))
+				return registry.New(registry.Config{HostsDir: dir})
+			}
+			if _, err := (&images.Resolver{Remote: policy("")}).Resolve(ctx, upstream+"/demo:1.0"); err == nil {
+				t.Fatal("resolved without override_path: the front serves nothing under /api/registry/v2")
+			}
+			set, err := (&images.Resolver{Remote: policy("  override_path = true\n")}).Resolve(ctx, upstream+"/demo:1.0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(set.Variants) != 1 || !strings.HasPrefix(set.Variants[0].Ref, upstream+"/demo@sha256:") {
+				t.Fatalf("variants %+v", set.Variants)
+			}
+		})
 	}
-	_, err = (&images.Resolver{Remote: registry.New(registry.Config{HostsDir: mirror("")})}).Resolve(ctx, upstream+"/tls/demo:1.0")
-	if err == nil || !strings.Contains(err.Error(), "certificate") {
-		t.Fatalf("resolved a registry of an unknown CA, or said something else: %v", err)
-	}
-	dir := mirror(fmt.Sprintf("  ca = %q\n", ca.CertFile))
-	set, err := (&images.Resolver{Remote: registry.New(registry.Config{HostsDir: dir})}).Resolve(ctx, upstream+"/tls/demo:1.0")
+}
+
+// pathFront serves the registry at host under prefix instead of /v2, as a
+// registry behind a path-routing proxy is; it returns its host:port.
+func pathFront(t *testing.T, prefix, host string) string {
+	t.Helper()
+	target, err := url.Parse("http://" + host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(set.Variants) != 1 || set.Variants[0].Variant != "cu129" || !set.Variants[0].Derived {
-		t.Fatalf("variants %+v", set.Variants)
-	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rest, ok := strings.CutPrefix(r.URL.Path, prefix+"/")
+		if !ok && r.URL.Path != prefix {
+			http.NotFound(w, r)
+			return
+		}
+		r.URL.Path, r.URL.RawPath = "/v2/"+rest, ""
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
 }
 
 // A 401 says whether credentials were found, where, and that the registry
@@ -195,19 +270,22 @@ func TestUnauthorizedSaysWhereCredentialsCameFrom(t *testing.T) {
 	}
 }
 
-// Resolving and pulling agree on plain HTTP: loopback and the registries
-// named insecure, nothing else (no guess from a private address).
+// The plain-HTTP rule: loopback and the registries named insecure, nothing
+// else (no guess from a private address). Transport refuses by it;
+// TestPrivateNamesGoOutAsHTTPS shows it on the wire.
 func TestPlainHTTPRule(t *testing.T) {
 	p := registry.New(registry.Config{Insecure: []string{"10.0.0.7:5000"}})
 	for host, want := range map[string]bool{
-		"127.0.0.1:5000":  true,
-		"localhost:5000":  true,
-		"[::1]:5000":      true,
-		"10.0.0.7:5000":   true,
-		"10.0.0.8:5000":   false,
-		"192.168.1.2":     false,
-		"registry.local":  false,
-		"reg.example.com": false,
+		"127.0.0.1:5000": true,
+		"localhost:5000": true,
+		"[::1]:5000":     true,
+		"10.0.0.7:5000":  true,
+		"10.0.0.8:5000":  false,
+		"192.168.1.2":    false,
+		"registry.local": false,
+		// go-containerregistry guesses plain HTTP for *.localhost; containerd does not.
+		"registry.localhost:5000": false,
+		"reg.example.com":         false,
 	} {
 		if got := p.PlainHTTP(host); got != want {
 			t.Errorf("PlainHTTP(%s) = %v, want %v", host, got, want)

@@ -4,15 +4,19 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 // CA is a certificate authority made for one test: it signs server
@@ -150,4 +154,22 @@ func writePEM(path, typ string, der []byte, mode os.FileMode) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// Remote is what go-containerregistry's remote needs to reach a registry
+// with a certificate of this CA, presenting client (a KeyPair from
+// Client) when one is given: how a test puts content into a TLS registry
+// before the code under test reads it.
+func (ca *CA) Remote(client ...KeyPair) ([]remote.Option, error) {
+	conf := &tls.Config{RootCAs: ca.Pool()}
+	for _, kp := range client {
+		c, err := tls.LoadX509KeyPair(kp.CertFile, kp.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("client certificate %s: %w", kp.CertFile, err)
+		}
+		conf.Certificates = append(conf.Certificates, c)
+	}
+	tr := remote.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = conf
+	return []remote.Option{remote.WithTransport(tr)}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/gpupin/gpupin/images"
 )
@@ -25,8 +26,8 @@ type EngineVariant struct {
 
 // PublishEngine pushes one image per variant and an index of them under
 // host/engine:version with gpupin's annotations, plus an alias tag per
-// variant. It returns the index digest.
-func PublishEngine(ctx context.Context, host, engine, version string, variants []EngineVariant) (v1.Hash, error) {
+// variant. It returns the index digest. opts are PushIndex's.
+func PublishEngine(ctx context.Context, host, engine, version string, variants []EngineVariant, opts ...remote.Option) (v1.Hash, error) {
 	var entries []IndexEntry
 	for _, v := range variants {
 		env := append([]string{"CUDA_VERSION=" + v.CUDA + ".0"}, v.Env...)
@@ -54,9 +55,9 @@ func PublishEngine(ctx context.Context, host, engine, version string, variants [
 			arch = "amd64"
 		}
 		entries = append(entries, IndexEntry{Image: img, Annotations: ann, Platform: &v1.Platform{OS: "linux", Architecture: arch}})
-		if _, err := PushImage(ctx, fmt.Sprintf("%s/%s:%s-%s", host, engine, version, v.Name), img); err != nil {
+		if _, err := PushImage(ctx, fmt.Sprintf("%s/%s:%s-%s", host, engine, version, v.Name), img, opts...); err != nil {
 			return v1.Hash{}, err
 		}
 	}
-	return PushIndex(ctx, fmt.Sprintf("%s/%s:%s", host, engine, version), entries)
+	return PushIndex(ctx, fmt.Sprintf("%s/%s:%s", host, engine, version), entries, opts...)
 }

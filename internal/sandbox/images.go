@@ -151,15 +151,17 @@ type IndexEntry struct {
 }
 
 // PushIndex pushes the images and an OCI index of them under ref, and
-// returns the index digest.
-func PushIndex(ctx context.Context, ref string, entries []IndexEntry) (v1.Hash, error) {
+// returns the index digest. opts reach a registry the defaults do not (a
+// TLS one: Distribution.Remote, CA.Remote).
+func PushIndex(ctx context.Context, ref string, entries []IndexEntry, opts ...remote.Option) (v1.Hash, error) {
+	opts = append([]remote.Option{remote.WithContext(ctx)}, opts...)
 	tag, err := name.ParseReference(ref)
 	if err != nil {
 		return v1.Hash{}, err
 	}
 	var adds []mutate.IndexAddendum
 	for _, e := range entries {
-		if err := remote.Write(tag.Context().Digest(mustDigest(e.Image).String()), e.Image, remote.WithContext(ctx)); err != nil {
+		if err := remote.Write(tag.Context().Digest(mustDigest(e.Image).String()), e.Image, opts...); err != nil {
 			return v1.Hash{}, fmt.Errorf("push child: %w", err)
 		}
 		d, err := descriptorOf(e.Image)
@@ -171,19 +173,19 @@ func PushIndex(ctx context.Context, ref string, entries []IndexEntry) (v1.Hash, 
 		adds = append(adds, mutate.IndexAddendum{Add: e.Image, Descriptor: d})
 	}
 	idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index, adds...), types.OCIImageIndex)
-	if err := remote.WriteIndex(tag, idx, remote.WithContext(ctx)); err != nil {
+	if err := remote.WriteIndex(tag, idx, opts...); err != nil {
 		return v1.Hash{}, fmt.Errorf("push index: %w", err)
 	}
 	return idx.Digest()
 }
 
-// PushImage pushes a single image under ref.
-func PushImage(ctx context.Context, ref string, img v1.Image) (v1.Hash, error) {
+// PushImage pushes a single image under ref (opts as PushIndex's).
+func PushImage(ctx context.Context, ref string, img v1.Image, opts ...remote.Option) (v1.Hash, error) {
 	tag, err := name.ParseReference(ref)
 	if err != nil {
 		return v1.Hash{}, err
 	}
-	if err := remote.Write(tag, img, remote.WithContext(ctx)); err != nil {
+	if err := remote.Write(tag, img, append([]remote.Option{remote.WithContext(ctx)}, opts...)...); err != nil {
 		return v1.Hash{}, err
 	}
 	return img.Digest()

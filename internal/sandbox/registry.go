@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +24,8 @@ import (
 // requests it serves so tests can assert what a command fetched.
 type Registry struct {
 	Host string // 127.0.0.1:port
+	// TLS says the registry serves HTTPS (RegistryOptions.CertFile).
+	TLS bool
 
 	srv     *http.Server
 	ln      net.Listener
@@ -61,10 +66,19 @@ func (r Request) Kind() string {
 type RegistryOptions struct {
 	// BlobDir keeps blobs on disk instead of in memory (benchmarks).
 	BlobDir string
+	// CertFile and KeyFile (PEM) turn on TLS; see NewCA for a test CA.
+	CertFile, KeyFile string
+	// ClientCAs (PEM files) make the registry ask for a client certificate
+	// signed by one of them and refuse connections without one (TLS only).
+	ClientCAs []string
 }
 
 // StartRegistry serves a registry on 127.0.0.1 on a free port.
 func StartRegistry(opts RegistryOptions) (*Registry, error) {
+	tlsConf, err := serverTLS(opts)
+	if err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -73,10 +87,52 @@ func StartRegistry(opts RegistryOptions) (*Registry, error) {
 	if opts.BlobDir != "" {
 		ropts = append(ropts, registry.WithBlobHandler(registry.NewDiskBlobHandler(opts.BlobDir)))
 	}
-	r := &Registry{Host: ln.Addr().String(), ln: ln, handler: registry.New(ropts...)}
-	r.srv = &http.Server{Handler: r}
-	go r.srv.Serve(ln)
+	r := &Registry{Host: ln.Addr().String(), ln: ln, handler: registry.New(ropts...), TLS: tlsConf != nil}
+	// The handshake errors of clients a test expects to fail are not news.
+	r.srv = &http.Server{Handler: r, TLSConfig: tlsConf, ErrorLog: log.New(io.Discard, "", 0)}
+	if tlsConf != nil {
+		go r.srv.Serve(tls.NewListener(ln, tlsConf))
+	} else {
+		go r.srv.Serve(ln)
+	}
 	return r, nil
+}
+
+// serverTLS is the TLS configuration opts ask for; nil for plain HTTP.
+func serverTLS(opts RegistryOptions) (*tls.Config, error) {
+	if opts.CertFile == "" && opts.KeyFile == "" {
+		if len(opts.ClientCAs) > 0 {
+			return nil, errors.New("registry: ClientCAs need TLS (CertFile and KeyFile)")
+		}
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(opts.CertFile, opts.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("registry: TLS key pair: %w", err)
+	}
+	conf := &tls.Config{Certificates: []tls.Certificate{cert}}
+	if len(opts.ClientCAs) > 0 {
+		pool := x509.NewCertPool()
+		for _, f := range opts.ClientCAs {
+			pem, err := os.ReadFile(f)
+			if err != nil {
+				return nil, fmt.Errorf("registry: client CA: %w", err)
+			}
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("registry: client CA %s: no certificate", f)
+			}
+		}
+		conf.ClientCAs, conf.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return conf, nil
+}
+
+// URL is the registry's base URL, https when it serves TLS.
+func (r *Registry) URL() string {
+	if r.TLS {
+		return "https://" + r.Host
+	}
+	return "http://" + r.Host
 }
 
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {

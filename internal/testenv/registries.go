@@ -47,7 +47,9 @@ type Reg struct {
 	// Name is "ggcr" (go-containerregistry's registry, in process) or
 	// "distribution" (Debian's docker-registry): a subtest name.
 	Name string
-	Host string // 127.0.0.1:port, plain HTTP, no auth
+	Host string // 127.0.0.1:port, plain HTTP (TLS from TLSRegistries), no auth
+	// TLS says it serves HTTPS (TLSRegistries).
+	TLS bool
 	// InProcess is the in-process registry, which counts requests and
 	// takes hooks; nil for docker-registry.
 	InProcess *sandbox.Registry
