@@ -155,6 +155,9 @@ func (p *Policy) remember(host string, hosts []docker.RegistryHost) {
 		if h.Capabilities.Has(docker.HostCapabilityPull) {
 			caps = append(caps, "pull")
 		}
+		if h.Capabilities.Has(docker.HostCapabilityPush) {
+			caps = append(caps, "push")
+		}
 		eps = append(eps, fmt.Sprintf("%s://%s%s (%s)", h.Scheme, h.Host, h.Path, strings.Join(caps, ", ")))
 	}
 	p.mu.Lock()

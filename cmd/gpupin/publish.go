@@ -114,9 +114,9 @@ func runPublish(c *cli.Context) error {
 	case jsonOut(c):
 		return printJSON(res)
 	case opts.DryRun:
-		return printIndex(os.Stdout, res.Index)
+		return printIndex(c.App.Writer, res.Index)
 	}
-	printPublished(os.Stdout, res)
+	printPublished(c.App.Writer, res)
 	return nil
 }
 
