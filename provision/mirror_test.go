@@ -1,0 +1,173 @@
+package provision_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
+	"github.com/gpupin/gpupin/provision"
+	"github.com/gpupin/gpupin/registry"
+	"github.com/gpupin/gpupin/runtime"
+)
+
+// upstream is a registry name no DNS knows: only certs.d reaches it.
+const upstream = "registry.gpupin.invalid"
+
+// mirrorProvisioner provisions through a certs.d directory whose
+// hosts.toml for upstream is body.
+func mirrorProvisioner(t *testing.T, body string) (*provision.Provisioner, *runtime.Runtime) {
+	t.Helper()
+	policy := registry.New(registry.Config{HostsDir: testenv.HostsToml(t, "", upstream, body)})
+	rt := testenv.Runtime(t, runtime.WithRegistry(policy))
+	return provision.New(rt, testOptions(t, testenv.NewNode(h100("575.57.08", "12.9")))...), rt
+}
+
+// mirrorOf is hosts.toml sending upstream to mirror for resolving and
+// pulling.
+func mirrorOf(mirror string) string {
+	return fmt.Sprintf("server = \"https://%s\"\n\n[host.\"http://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", upstream, mirror)
+}
+
+// An engine reachable only through its mirror is provisioned, and the pin
+// keeps the upstream name: the record's name, its io.gpupin.source, the
+// status. The mirror's address is named nowhere (nodes with another mirror
+// must agree on the pin). On both registry implementations.
+func TestProvisionSimulatedThroughMirrorKeepsUpstreamName(t *testing.T) {
+	ctx := context.Background()
+	for _, reg := range testenv.Registries(t) {
+		t.Run(reg.Name, func(t *testing.T) {
+			if _, err := sandbox.PublishEngine(ctx, reg.Host, "demo", "1.0", []sandbox.EngineVariant{cu13, cu129}); err != nil {
+				t.Fatal(err)
+			}
+			p, rt := mirrorProvisioner(t, mirrorOf(reg.Host))
+			ref := upstream + "/demo:1.0"
+			st := p.Provision(ctx, provision.Want{Ref: ref})
+			if st.State != provision.Ready || st.Variant != "cu129" {
+				t.Fatalf("%s", st)
+			}
+			if !strings.HasPrefix(st.Pinned, upstream+"/demo@sha256:") || st.Pin == nil || st.Pin.Source != ref {
+				t.Fatalf("pinned %s, pin %+v: want the upstream name", st.Pinned, st.Pin)
+			}
+			img, err := rt.Client().ImageService().Get(nsCtx(rt), st.Pinned)
+			if err != nil {
+				t.Fatalf("no record under the upstream name %s: %v", st.Pinned, err)
+			}
+			if got := img.Labels[runtime.LabelSource]; got != ref {
+				t.Errorf("%s = %q, want %q", runtime.LabelSource, got, ref)
+			}
+			all, err := rt.Client().ImageService().List(nsCtx(rt))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, im := range all {
+				if strings.Contains(im.Name, reg.Host) {
+					t.Errorf("a record is named by the mirror: %s", im.Name)
+				}
+				for k, v := range im.Labels {
+					if strings.Contains(v, reg.Host) {
+						t.Errorf("record %s: label %s=%q names the mirror", im.Name, k, v)
+					}
+				}
+			}
+			assertNoLeftovers(t, rt)
+		})
+	}
+}
+
+// When every host fails, the status says which were tried, in order:
+// at resolution (two dead mirrors and the upstream), and at the pull (the
+// mirror that resolved the engine no longer has its layers, and the
+// upstream is not there), on both registry implementations.
+func TestProvisionSimulatedNamesEveryHostTried(t *testing.T) {
+	ctx := context.Background()
+	t.Run("resolve", func(t *testing.T) {
+		dead := func() string {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := ln.Addr().String()
+			ln.Close()
+			return addr
+		}
+		m1, m2 := dead(), dead()
+		body := mirrorOf(m1) + fmt.Sprintf("\n[host.\"http://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", m2)
+		p, _ := mirrorProvisioner(t, body)
+		st := p.Provision(ctx, provision.Want{Ref: upstream + "/demo:1.0"})
+		if st.State != provision.Failed || st.Err == nil {
+			t.Fatalf("%s", st)
+		}
+		for _, want := range []string{"http://" + m1 + "/v2", "http://" + m2 + "/v2", "https://" + upstream + "/v2"} {
+			if !strings.Contains(st.Detail, want) || !strings.Contains(st.Err.Error(), want) {
+				t.Errorf("status does not name %s:\ndetail: %s\nerr: %v", want, st.Detail, st.Err)
+			}
+		}
+	})
+	for _, reg := range testenv.Registries(t) {
+		t.Run("pull/"+reg.Name, func(t *testing.T) {
+			// A layer of this test's own, so containerd cannot have it from
+			// another pull; the registry then loses it.
+			own, err := sandbox.RandomLayer(4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := cu129
+			v.Layers = []v1.Layer{own}
+			if _, err := sandbox.PublishEngine(ctx, reg.Host, "demo", "1.0", []sandbox.EngineVariant{v}); err != nil {
+				t.Fatal(err)
+			}
+			ld, err := own.Digest()
+			if err != nil {
+				t.Fatal(err)
+			}
+			deleteBlob(t, reg.Host, "demo", ld.String())
+			p, _ := mirrorProvisioner(t, mirrorOf(reg.Host))
+			st := p.Provision(ctx, provision.Want{Ref: upstream + "/demo:1.0"})
+			if st.State != provision.Failed || len(st.Attempts) != 1 || st.Attempts[0].Stage != "pull" {
+				t.Fatalf("%s; attempts %+v", st, st.Attempts)
+			}
+			for _, want := range []string{"http://" + reg.Host + "/v2", "https://" + upstream + "/v2"} {
+				if !strings.Contains(st.Attempts[0].Reason, want) || !strings.Contains(st.Err.Error(), want) {
+					t.Errorf("the failed pull does not name %s:\nreason: %s\nerr: %v", want, st.Attempts[0].Reason, st.Err)
+				}
+			}
+			if !strings.HasPrefix(st.Attempts[0].Ref, upstream+"/demo@sha256:") {
+				t.Errorf("attempt ref %s: want the upstream name", st.Attempts[0].Ref)
+			}
+		})
+	}
+}
+
+// deleteBlob removes a blob from a plain-HTTP loopback registry (both
+// implementations allow it).
+func deleteBlob(t *testing.T, host, repo, digest string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodDelete, "http://"+host+"/v2/"+repo+"/blobs/"+digest, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted && resp.StatusCode != http.StatusOK {
+		t.Fatalf("delete %s: %s", digest, resp.Status)
+	}
+	// Gone for readers too, not only unlinked.
+	get, err := http.Get("http://" + host + "/v2/" + repo + "/blobs/" + digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get.Body.Close()
+	if get.StatusCode != http.StatusNotFound {
+		t.Fatalf("blob %s after delete: %s", digest, get.Status)
+	}
+}
