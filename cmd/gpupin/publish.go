@@ -45,7 +45,9 @@ func publishCommand() *cli.Command {
 			"must have CUDA_VERSION NN.x, cuNNM NN.M. The index lists the lowest CUDA first, so a plain pull of the tag " +
 			"gets the variant that runs on the oldest driver. Children are pushed by digest, then the alias tags " +
 			"VERSION-VARIANT, then the tag; a failure before the tag leaves it as it was. A variant missing a platform " +
-			"another variant has is refused unless --allow-partial-platforms.",
+			"another variant has is refused unless --allow-partial-platforms. Registries are reached as nodes reach them: " +
+			"--hosts-dir (certs.d: CA, client certificates, skip_verify), plain HTTP only for loopback and --insecure-registry, " +
+			"the Docker config's credentials.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "tag", Aliases: []string{"t"}, Usage: "`REPO:VERSION` to publish (required)"},
 			&cli.GenericFlag{Name: "variant", Value: &listValue{}, Usage: "`NAME=REF` of a variant image; repeat, in preference order for ties"},
