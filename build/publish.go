@@ -97,6 +97,9 @@ type Result struct {
 
 // plan is everything publish will write, computed before anything is.
 type plan struct {
+	// ropts reach registries under the publish's policy: one transport,
+	// so reads, pushes and the read-back share connections.
+	ropts    []remote.Option
 	tag      name.Tag
 	version  string
 	engine   string
@@ -147,7 +150,7 @@ func Publish(ctx context.Context, opts PublishOptions) (*Result, error) {
 func (p *plan) push(ctx context.Context, opts PublishOptions) error {
 	policy := opts.policy()
 	explain := func(err error) error { return policy.Explain(err, p.tag.RegistryStr()) }
-	pusher, err := remote.NewPusher(remoteOptions(ctx, opts)...)
+	pusher, err := remote.NewPusher(p.ropts...)
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", p.tag, err)
 	}
@@ -240,6 +243,7 @@ func makePlan(ctx context.Context, opts PublishOptions) (*plan, error) {
 	}
 
 	ropts := remoteOptions(ctx, opts)
+	p.ropts = ropts
 	var all []*variantImages
 	for _, v := range opts.Variants {
 		vi, err := readVariant(ctx, v, ropts)
@@ -455,7 +459,7 @@ func (p *plan) result(dryRun bool) (*Result, error) {
 // verify reads the tag, every child and every alias back, and resolves the
 // tag as nodes do: every variant must be read from annotations, none derived.
 func verify(ctx context.Context, opts PublishOptions, p *plan) error {
-	ropts := remoteOptions(ctx, opts)
+	ropts := p.ropts
 	want, err := p.index.Digest()
 	if err != nil {
 		return err
