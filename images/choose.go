@@ -68,8 +68,10 @@ func Choose(f *node.Facts, set *Set, ov Override) *Plan {
 	var valid []Variant
 	for _, v := range set.Variants {
 		if v.Invalid != "" {
+			// Invalid begins with the entry's name ("entry 2 (sha256:…): …"),
+			// which is the rejection's variant: said once, before the reason.
 			p.Rejected = append(p.Rejected, Rejection{Variant: v.Variant, Platform: v.Platform,
-				Reason: "unreadable metadata, skipped: " + v.Invalid + "; ask its publisher to fix the index"})
+				Reason: "unreadable metadata, skipped " + strings.TrimPrefix(v.Invalid, v.Variant+" ") + "; ask its publisher to fix the index"})
 			continue
 		}
 		valid = append(valid, v)
@@ -172,13 +174,13 @@ func Reject(f *node.Facts, v Variant) string {
 		// still decides whether it runs.
 	default:
 		if nodeCUDA.Compare(need) < 0 {
-			return fmt.Sprintf("driver %s supports CUDA %s; %s needs %s: upgrade the driver or use a variant built for CUDA ≤ %s", f.Driver, f.CUDA, v.Variant, v.CUDA, f.CUDA)
+			return fmt.Sprintf("driver %s supports CUDA %s; this variant needs %s: upgrade the driver or use a variant built for CUDA ≤ %s", f.Driver, f.CUDA, v.CUDA, f.CUDA)
 		}
 		if v.DriverMin != "" {
 			have, _ := node.ParseVersion(f.Driver)
 			min, _ := node.ParseVersion(v.DriverMin)
 			if have.Compare(min) < 0 {
-				return fmt.Sprintf("driver %s is older than %s, the lowest %s supports: upgrade the driver", f.Driver, v.DriverMin, v.Variant)
+				return fmt.Sprintf("driver %s is older than %s, the lowest this variant supports: upgrade the driver", f.Driver, v.DriverMin)
 			}
 		}
 	}

@@ -170,7 +170,7 @@ func TestPlanCasesSimulated(t *testing.T) {
 				"SIMULATED", "plan for " + w.engine + " (override: auto, from default)",
 				"node: driver 575.57.08, CUDA 12.9, " + "linux/amd64", "0 NVIDIA H100 80GB HBM3 (cc 9.0)",
 				"candidates, in the order they would be tried:", "1. cu129",
-				"rejected:", "  cu13: driver 575.57.08 supports CUDA 12.9; cu13 needs 13.0",
+				"rejected:", "  cu13: driver 575.57.08 supports CUDA 12.9; this variant needs 13.0: upgrade the driver or use a variant built for CUDA ≤ 12.9\n",
 				"outcome: ready-to-provision"},
 			notOut: []string{"DERIVED", "2. ", "cu13: cu13:"}},
 		{name: "global --node before the command", args: []string{"--node", h580, "--overrides", empty, "plan", w.engine},
