@@ -38,8 +38,11 @@ type Candidate struct {
 	// MediaType is the index entry's: what the pull must find there.
 	MediaType string `json:"media_type,omitempty"`
 	// Warning is set on a forced variant that auto would have rejected.
-	Warning string   `json:"warning,omitempty"`
-	Meta    Metadata `json:"-"`
+	Warning string `json:"warning,omitempty"`
+	// Probe is the probe that would prove it: provision.Plan sets it, since
+	// it depends on the engine's name as well as the variant's metadata.
+	Probe string   `json:"probe,omitempty"`
+	Meta  Metadata `json:"-"`
 }
 
 // Rejection says why a variant is not a candidate, in words a person can act on.

@@ -125,10 +125,10 @@ func TestPlanJSONSimulated(t *testing.T) {
 		t.Fatalf("candidates = %v", cands)
 	}
 	first := cands[0].(map[string]any)
-	if got := keysOf(first); got != "cuda,derived,media_type,platform,ref,variant" {
+	if got := keysOf(first); got != "cuda,derived,media_type,platform,probe,ref,variant" {
 		t.Errorf("candidate keys = %s", got)
 	}
-	if first["variant"] != "cu13" || first["cuda"] != "13.0" || first["platform"] != "linux/amd64" || first["derived"] != false ||
+	if first["variant"] != "cu13" || first["cuda"] != "13.0" || first["platform"] != "linux/amd64" || first["derived"] != false || first["probe"] != "cuda" ||
 		!strings.HasPrefix(first["ref"].(string), w.reg.Host+"/vllm@sha256:") {
 		t.Errorf("first candidate = %v", first)
 	}
@@ -194,7 +194,9 @@ func TestPlanCasesSimulated(t *testing.T) {
 		{name: "overrides file: image", args: []string{"--overrides", ovFile("overrides:\n  vllm: " + w.image + "\n"), "plan", w.engine, "--node", h580},
 			code: exitOK, out: []string{"1. cu128"}},
 		{name: "derived metadata is said", args: []string{"--overrides", empty, "plan", w.derived, "--node", h575},
-			code: exitOK, out: []string{"DERIVED", "1. cu129", "(derived)", "  cu13: driver 575.57.08 supports CUDA 12.9; NVIDIA_REQUIRE_CUDA needs cuda>=13.0"},
+			// Named vllm-openai by its repository, of the vllm family: the
+			// torch probe, as provision and gpupin probe will run.
+			code: exitOK, out: []string{"DERIVED", "1. cu129", "torch probe  (derived)", "  cu13: driver 575.57.08 supports CUDA 12.9; NVIDIA_REQUIRE_CUDA needs cuda>=13.0"},
 			notOut: []string{"cu13: cu13:"}},
 		{name: "unsupported node", args: []string{"--overrides", empty, "plan", w.engine, "--node", nodrv},
 			code: exitNoResult, out: []string{"SIMULATED", "unsupported: no NVIDIA driver (", "outcome: unsupported"}},
