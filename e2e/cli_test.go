@@ -30,8 +30,11 @@ func TestMain(m *testing.M) {
 	if out, err := build.CombinedOutput(); err != nil {
 		panic("build gpupin: " + err.Error() + "\n" + string(out))
 	}
-	defer os.RemoveAll(dir)
-	testenv.Main(m)
+	// testenv.Main would os.Exit before a deferred RemoveAll ran: the
+	// binary's directory is removed once the tests are done.
+	code := testenv.Run(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 type cli struct {
