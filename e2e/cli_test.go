@@ -229,3 +229,37 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// Usage errors exit 2 through the real binary, as they do in process:
+// urfave/cli's own exit handling once called os.Exit(3) for `help bogus`
+// before main could map it (the in-process tests, with a handler of their
+// own, never saw it). The message comes once, from main.
+func TestCLIUsageErrorsExitTwoThroughTheBinary(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // on stderr
+	}{
+		{[]string{"help", "bogus"}, "gpupin: No help topic for 'bogus'"},
+		{[]string{"nosuch"}, `gpupin: gpupin has no command "nosuch"`},
+		{[]string{"override", "bogus"}, `gpupin: gpupin override has no command "bogus"`},
+		{[]string{"plan", "reg.example/x:1", "--bogus"}, "gpupin: flag provided but not defined: -bogus"},
+		{[]string{"gc", "--runc-root"}, "gpupin: flag provided but not defined: -runc-root"},
+		{[]string{"--namespace"}, "gpupin: flag needs an argument: -namespace"},
+		{[]string{"plan"}, "gpupin: usage: gpupin plan REF"},
+		{[]string{"--overrides", "/nonexistent/overrides.yaml", "override", "set", "vllm", "off"}, `gpupin: override "off" is a YAML boolean, not an override; write none`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			cmd := exec.Command(gpupinBin, tc.args...)
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() != 2 {
+				t.Fatalf("exit %v, want 2; stderr:\n%s", err, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tc.want) || strings.Count(stderr.String(), tc.want) != 1 {
+				t.Errorf("stderr lacks %q once:\n%s", tc.want, stderr.String())
+			}
+		})
+	}
+}

@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
-
-	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/internal/sandbox"
 )
@@ -23,17 +20,9 @@ func choiceRun(t *testing.T, args ...string) (stdout, errMsg string, code int) {
 	app := newApp()
 	var out, errOut bytes.Buffer
 	app.Writer, app.ErrWriter = &out, &errOut
-	// main handles exit codes; in a test, HandleExitCoder must not os.Exit.
-	app.ExitErrHandler = func(*cli.Context, error) {}
-	err := app.RunContext(context.Background(), reorderArgs(app, append([]string{"gpupin"}, args...)))
-	if err != nil {
-		var ec cli.ExitCoder
-		code = exitError
-		if errors.As(err, &ec) {
-			code = ec.ExitCode()
-		}
-		errMsg = err.Error()
-	}
+	// main's own path: the app's ExitErrHandler keeps urfave/cli from
+	// exiting, and execute maps the error to the code main exits with.
+	errMsg, code = execute(context.Background(), app, append([]string{"gpupin"}, args...))
 	return out.String(), errMsg, code
 }
 
