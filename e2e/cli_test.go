@@ -184,40 +184,44 @@ func TestCLISimulatedProvisionExitCodes(t *testing.T) {
 // demo` printed the cu129 pin as "(cu13)"). The rejection lines do not
 // repeat the variant either.
 func TestCLISimulatedFailedForcedVariantPrintsTheEarlierPin(t *testing.T) {
-	reg := testenv.Registry(t)
-	good := sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "9.0"}
-	bad := sandbox.EngineVariant{Name: "cu13", CUDA: "13.0", Archs: "9.0", SimProbe: "fail"}
-	if _, err := sandbox.PublishEngine(context.Background(), reg.Host, "eng", "4.0", []sandbox.EngineVariant{good, bad}); err != nil {
-		t.Fatal(err)
-	}
-	ref := reg.Host + "/eng:4.0"
-	c := newCLI(t, reg)
-	out, code := c.run("provision", ref, "--override", "cu129", "--json")
-	var sts []provision.Status
-	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &sts); code != 0 || err != nil || len(sts) != 1 || sts[0].Variant != "cu129" {
-		t.Fatalf("provision cu129: exit %d, %v:\n%s", code, err, out)
-	}
-	pinned := sts[0].Pinned
+	// On both registries: what is printed must not depend on the registry.
+	for _, reg := range testenv.Registries(t) {
+		t.Run(reg.Name, func(t *testing.T) {
+			good := sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "9.0"}
+			bad := sandbox.EngineVariant{Name: "cu13", CUDA: "13.0", Archs: "9.0", SimProbe: "fail"}
+			if _, err := sandbox.PublishEngine(context.Background(), reg.Host, "eng", "4.0", []sandbox.EngineVariant{good, bad}); err != nil {
+				t.Fatal(err)
+			}
+			ref := reg.Host + "/eng:4.0"
+			c := newCLI(t, nil)
+			out, code := c.run("provision", ref, "--override", "cu129", "--json")
+			var sts []provision.Status
+			if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &sts); code != 0 || err != nil || len(sts) != 1 || sts[0].Variant != "cu129" {
+				t.Fatalf("provision cu129: exit %d, %v:\n%s", code, err, out)
+			}
+			pinned := sts[0].Pinned
 
-	out, code = c.run("provision", ref, "--override", "cu13")
-	if code != 1 || !strings.Contains(out, "eng:4.0: FAILED") {
-		t.Fatalf("forced cu13 with a failing probe: exit %d, want 1 and FAILED:\n%s", code, out)
-	}
-	want := "  pinned:   " + pinned + " (cu129)\n"
-	if !strings.Contains(out, want) {
-		t.Errorf("output lacks %q, the earlier pin with its own variant:\n%s", want, out)
-	}
-	if strings.Contains(out, pinned+" (cu13)") {
-		t.Errorf("the cu129 pin is printed as cu13:\n%s", out)
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if strings.Contains(line, "cu13: cu13:") || strings.Contains(line, "cu129: cu129:") {
-			t.Errorf("a line repeats the variant: %s", line)
-		}
-	}
-	pins, err := testenv.Runtime(t).Pins(context.Background())
-	if err != nil || len(pins) != 1 || pins[0].Ref != pinned || pins[0].Variant != "cu129" {
-		t.Fatalf("pins after the failed forced variant: %+v, %v; want the cu129 pin kept", pins, err)
+			out, code = c.run("provision", ref, "--override", "cu13")
+			if code != 1 || !strings.Contains(out, "eng:4.0: FAILED") {
+				t.Fatalf("forced cu13 with a failing probe: exit %d, want 1 and FAILED:\n%s", code, out)
+			}
+			want := "  pinned:   " + pinned + " (cu129)\n"
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q, the earlier pin with its own variant:\n%s", want, out)
+			}
+			if strings.Contains(out, pinned+" (cu13)") {
+				t.Errorf("the cu129 pin is printed as cu13:\n%s", out)
+			}
+			for _, line := range strings.Split(out, "\n") {
+				if strings.Contains(line, "cu13: cu13:") || strings.Contains(line, "cu129: cu129:") {
+					t.Errorf("a line repeats the variant: %s", line)
+				}
+			}
+			pins, err := testenv.Runtime(t).Pins(context.Background())
+			if err != nil || len(pins) != 1 || pins[0].Ref != pinned || pins[0].Variant != "cu129" {
+				t.Fatalf("pins after the failed forced variant: %+v, %v; want the cu129 pin kept", pins, err)
+			}
+		})
 	}
 }
 
