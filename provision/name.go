@@ -89,6 +89,9 @@ type ProbeAs struct {
 // answer, the image's own config (labels, CUDA_VERSION) stands in, as it
 // does for an image without annotations, and From says so.
 func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs) (*ProbeTarget, error) {
+	if p.rt == nil {
+		return nil, errors.New("probe target: the provisioner has no runtime (containerd) to find the image in")
+	}
 	w := Want{Ref: image, Engine: as.Engine}
 	if err := ValidateWant(w); err != nil {
 		return nil, err
