@@ -67,9 +67,6 @@ type Sweeper interface {
 	SweepOrphans(ctx context.Context) (runtime.Swept, error)
 }
 
-// ErrUnknownEngine is returned for an override of an engine no want names.
-var ErrUnknownEngine = errors.New("unknown engine")
-
 // InputError is a request the agent refuses as malformed.
 type InputError struct{ Err error }
 
@@ -223,18 +220,30 @@ func (a *Agent) SetWants(wants []provision.Want) error {
 	return a.apply()
 }
 
-// SetOverride sets the override of an engine that a want names, writes it
-// to the overrides file, and has the loop act on it at once.
-func (a *Agent) SetOverride(engine, value string) (images.Override, error) {
+// OverrideSet is what SetOverride did.
+type OverrideSet struct {
+	Override images.Override
+	// Wanted reports whether a wanted engine has the name now. An engine
+	// is named when its image is first read (io.gpupin.engine, else its
+	// repository's last element); until then, during a registry outage
+	// say, the override is kept and applies from its first plan.
+	Wanted bool
+	// Named are the names the wanted engines have now; Unnamed the wants
+	// (by key) whose engine has none yet.
+	Named, Unnamed []string
+}
+
+// SetOverride sets an engine's override, writes it to the overrides file,
+// and has the loop act on it at once. Any engine name of the grammar is
+// taken, wanted or not: an operator must be able to say none for an engine
+// whose image cannot be read yet, before it has a name.
+func (a *Agent) SetOverride(engine, value string) (OverrideSet, error) {
 	if !images.ValidEngineName(engine) {
-		return images.Override{}, &InputError{fmt.Errorf("%q is not an engine name (lower-case letters, digits, '.', '_', '-')", engine)}
+		return OverrideSet{}, &InputError{fmt.Errorf("%q is not an engine name (lower-case letters, digits, '.', '_', '-')", engine)}
 	}
 	o, err := images.ParseOverride(value)
 	if err != nil {
-		return images.Override{}, &InputError{err}
-	}
-	if !slices.Contains(a.loop.Engines(), engine) {
-		return images.Override{}, fmt.Errorf("%w %s: no want names it (wanted: %v)", ErrUnknownEngine, engine, a.loop.Engines())
+		return OverrideSet{}, &InputError{err}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -245,17 +254,21 @@ func (a *Agent) SetOverride(engine, value string) (images.Override, error) {
 			return inputErr
 		})
 		if inputErr != nil {
-			return images.Override{}, &InputError{inputErr}
+			return OverrideSet{}, &InputError{inputErr}
 		}
 		if err != nil {
-			return images.Override{}, fmt.Errorf("save override: %w", err)
+			return OverrideSet{}, fmt.Errorf("save override: %w", err)
 		}
 		a.fileOv = of.Overrides
 	} else {
 		a.fileOv = maps.Clone(a.fileOv)
 		a.fileOv[engine] = o.String()
 	}
-	return o, a.apply()
+	if err := a.apply(); err != nil {
+		return OverrideSet{}, err
+	}
+	named := a.loop.Engines()
+	return OverrideSet{Override: o, Wanted: slices.Contains(named, engine), Named: named, Unnamed: a.loop.Unnamed()}, nil
 }
 
 // Status is the latest status of every wanted engine.

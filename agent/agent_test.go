@@ -49,6 +49,12 @@ type world struct {
 // containerd and registry, with its files in a temporary directory.
 func newWorld(t *testing.T, config string) *world {
 	t.Helper()
+	return newWorldWith(t, config, provision.LoopOptions{})
+}
+
+// newWorldWith is newWorld with the loop's timings of the test's choosing.
+func newWorldWith(t *testing.T, config string, lo provision.LoopOptions) *world {
+	t.Helper()
 	w := &world{reg: testenv.Registry(t), rt: testenv.Runtime(t)}
 	if _, err := sandbox.PublishEngine(context.Background(), w.reg.Host, "demo", "1.0", []sandbox.EngineVariant{cu13, cu129}); err != nil {
 		t.Fatal(err)
@@ -68,7 +74,8 @@ func newWorld(t *testing.T, config string) *world {
 	p := provision.New(w.rt, provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}),
 		provision.WithOverrides(provision.NewOverrides()), provision.WithLockDir(t.TempDir()),
 		provision.WithProbeTimeout(30*time.Second), provision.WithProbeDir(t.TempDir()), provision.WithProgress(w.metrics.PullProgress))
-	loop = provision.NewLoop(p, provision.LoopOptions{OnResult: w.metrics.ObserveResult})
+	lo.OnResult = w.metrics.ObserveResult
+	loop = provision.NewLoop(p, lo)
 	w.agent = agent.New(loop, w.rt, agent.Options{ConfigPath: w.config, OverridesPath: w.overrides})
 	if err := w.agent.Reload(); err != nil {
 		t.Fatal(err)
@@ -162,7 +169,6 @@ func TestAPISimulatedEndpointsAndErrors(t *testing.T) {
 		{"wants: empty ref", "PUT", "/v1/wants", `{"wants":[{"engine":"demo"}]}`, 400, "ref is empty"},
 		{"wants: malformed override", "PUT", "/v1/wants", `{"wants":[{"ref":"reg.example/x:1","override":"CU13!"}]}`, 400, "accepted forms"},
 		{"wants: twice", "PUT", "/v1/wants", `{"wants":[{"ref":"reg.example/x:1"},{"ref":"reg.example/x:1"}]}`, 400, "wanted twice"},
-		{"override: unknown engine", "PUT", "/v1/overrides/sglang", `{"override":"cu129"}`, 404, "unknown engine sglang"},
 		{"override: malformed", "PUT", "/v1/overrides/demo", `{"override":"CU13!"}`, 400, "accepted forms"},
 		{"override: malformed reference", "PUT", "/v1/overrides/demo", `{"override":"reg/vllm:"}`, 400, "accepted forms"},
 		{"override: bad engine name", "PUT", "/v1/overrides/Demo!", `{"override":"auto"}`, 400, "not an engine name"},
@@ -197,6 +203,17 @@ func TestAPISimulatedEndpointsAndErrors(t *testing.T) {
 	}
 	if of, _ := images.LoadOverrides(w.overrides); of.Overrides["demo"] != "none" {
 		t.Errorf("a refused override reached the file: %v", of.Overrides)
+	}
+
+	// An engine no want names is taken too, and the answer says so.
+	code, _, body = do(t, h, "PUT", "/v1/overrides/sglang", `{"override":"cu129"}`)
+	var ovr agent.OverrideResponse
+	if code != 200 || json.Unmarshal(body, &ovr) != nil || ovr.Wanted || ovr.Kind != "variant" ||
+		!strings.HasPrefix(ovr.Note, "no wanted engine is named sglang now (named: demo); the override is kept") {
+		t.Errorf("PUT /v1/overrides/sglang: %d %s", code, body)
+	}
+	if of, _ := images.LoadOverrides(w.overrides); of.Overrides["sglang"] != "cu129" || of.Overrides["demo"] != "none" {
+		t.Errorf("overrides file after an override of an engine not wanted: %v", of.Overrides)
 	}
 
 	// The metrics saw it all.
@@ -395,4 +412,50 @@ func TestDeployConfigMapIsAValidConfig(t *testing.T) {
 	if !found {
 		t.Fatal("no ConfigMap in the DaemonSet manifest")
 	}
+}
+
+// During a registry outage an engine wanted by reference alone has no name
+// yet (its image names it), and the operator must still be able to say
+// none: the API takes the override, says that no wanted engine has that
+// name yet and which wants are unnamed, and the loop applies it once the
+// registry is back and the engine is named. Before, the API answered 404.
+func TestAPISimulatedOverrideBeforeTheEngineIsNamed(t *testing.T) {
+	w := newWorldWith(t, "", provision.LoopOptions{RetryMin: 200 * time.Millisecond, Recheck: 2 * time.Second})
+	h := w.agent.Handler()
+	w.reg.SetDown(true)
+	defer w.reg.SetDown(false)
+	if code, _, body := do(t, h, "PUT", "/v1/wants", `{"wants":[{"ref":"`+w.ref+`"}]}`); code != 200 {
+		t.Fatalf("PUT /v1/wants: %d %s", code, body)
+	}
+	w.waitFor(t, 30*time.Second, "failed on the registry", func(sts []provision.Status) bool {
+		return len(sts) == 1 && sts[0].State == provision.Failed && sts[0].Engine == ""
+	})
+
+	code, _, body := do(t, h, "PUT", "/v1/overrides/demo", `{"override":"none"}`)
+	var resp agent.OverrideResponse
+	note := "no wanted engine is named demo now (named: none); not named yet, their images not read yet: " + w.ref +
+		"; the override is kept, and applies to a want from its first plan that names its engine demo"
+	if code != 200 || json.Unmarshal(body, &resp) != nil || resp.Wanted || resp.Note != note || resp.Kind != "none" {
+		t.Fatalf("PUT /v1/overrides/demo during the outage: %d %s\nwant note %q", code, body, note)
+	}
+	if of, err := images.LoadOverrides(w.overrides); err != nil || of.Overrides["demo"] != "none" {
+		t.Fatalf("overrides file: %+v, %v", of, err)
+	}
+
+	// The registry is back: the engine is named demo, and disabled.
+	w.reg.SetDown(false)
+	sts := w.waitFor(t, 30*time.Second, "disabled", one(provision.Disabled, ""))
+	if sts[0].Key != "demo:1.0" || sts[0].Override != "none" {
+		t.Fatalf("status %+v; want demo:1.0 under none", sts[0])
+	}
+	if pins, _ := w.rt.Pins(context.Background()); len(pins) != 0 {
+		t.Errorf("pinned under none: %+v", pins)
+	}
+	// Now named: the answer says so, and auto provisions it.
+	code, _, body = do(t, h, "PUT", "/v1/overrides/demo", `{"override":"auto"}`)
+	resp = agent.OverrideResponse{}
+	if code != 200 || json.Unmarshal(body, &resp) != nil || !resp.Wanted || resp.Note != "" {
+		t.Fatalf("PUT /v1/overrides/demo once named: %d %s", code, body)
+	}
+	w.waitFor(t, 30*time.Second, "ready", one(provision.Ready, "cu129"))
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/runtime"
@@ -41,6 +42,11 @@ type OverrideResponse struct {
 	Engine   string `json:"engine"`
 	Override string `json:"override"`
 	Kind     string `json:"kind"`
+	// Wanted says whether a wanted engine has this name now; when not,
+	// Note says which wants have no name yet: the override is kept, and
+	// applies to a want from its first plan that names it so.
+	Wanted bool   `json:"wanted"`
+	Note   string `json:"note,omitempty"`
 }
 
 // PinsResponse is GET /v1/pins.
@@ -95,12 +101,16 @@ func (a *Agent) Handler() http.Handler {
 			writeError(w, http.StatusBadRequest, errors.New(`body needs "override": auto, none, a variant name or an image reference`))
 			return
 		}
-		o, err := a.SetOverride(engine, *req.Override)
+		set, err := a.SetOverride(engine, *req.Override)
 		if err != nil {
 			writeError(w, statusOf(err), err)
 			return
 		}
-		writeJSON(w, http.StatusOK, OverrideResponse{Engine: engine, Override: o.String(), Kind: string(o.Kind)})
+		resp := OverrideResponse{Engine: engine, Override: set.Override.String(), Kind: string(set.Override.Kind), Wanted: set.Wanted}
+		if !set.Wanted {
+			resp.Note = overrideNote(engine, set)
+		}
+		writeJSON(w, http.StatusOK, resp)
 	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Errorf("no such endpoint %s; the API is GET /v1/status, PUT /v1/wants, PUT /v1/overrides/{engine}, GET /v1/pins", r.URL.Path))
@@ -138,13 +148,24 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 
 func statusOf(err error) int {
 	var in *InputError
-	switch {
-	case errors.Is(err, ErrUnknownEngine):
-		return http.StatusNotFound
-	case errors.As(err, &in):
+	if errors.As(err, &in) {
 		return http.StatusBadRequest
 	}
 	return http.StatusInternalServerError
+}
+
+// overrideNote says why an override names no wanted engine yet, and when
+// it applies.
+func overrideNote(engine string, set OverrideSet) string {
+	named := "none"
+	if len(set.Named) > 0 {
+		named = strings.Join(set.Named, ", ")
+	}
+	note := fmt.Sprintf("no wanted engine is named %s now (named: %s)", engine, named)
+	if len(set.Unnamed) > 0 {
+		note += fmt.Sprintf("; not named yet, their images not read yet: %s", strings.Join(set.Unnamed, ", "))
+	}
+	return note + "; the override is kept, and applies to a want from its first plan that names its engine " + engine
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

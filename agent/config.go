@@ -57,6 +57,10 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
 		return nil, fmt.Errorf("parse: %w (want `wants: [{ref: …}]` and `overrides: {ENGINE: VALUE}`)", err)
 	}
+	// On the text: the decoder has already turned `vllm: off` into "false".
+	if err := images.CheckOverrideBooleans(data); err != nil {
+		return nil, fmt.Errorf("overrides: %w", err)
+	}
 	if err := CheckWants(cfg.Wants); err != nil {
 		return nil, err
 	}

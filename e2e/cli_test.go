@@ -30,8 +30,11 @@ func TestMain(m *testing.M) {
 	if out, err := build.CombinedOutput(); err != nil {
 		panic("build gpupin: " + err.Error() + "\n" + string(out))
 	}
-	defer os.RemoveAll(dir)
-	testenv.Main(m)
+	// testenv.Main would os.Exit before a deferred RemoveAll ran: the
+	// binary's directory is removed once the tests are done.
+	code := testenv.Run(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 type cli struct {
@@ -181,40 +184,44 @@ func TestCLISimulatedProvisionExitCodes(t *testing.T) {
 // demo` printed the cu129 pin as "(cu13)"). The rejection lines do not
 // repeat the variant either.
 func TestCLISimulatedFailedForcedVariantPrintsTheEarlierPin(t *testing.T) {
-	reg := testenv.Registry(t)
-	good := sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "9.0"}
-	bad := sandbox.EngineVariant{Name: "cu13", CUDA: "13.0", Archs: "9.0", SimProbe: "fail"}
-	if _, err := sandbox.PublishEngine(context.Background(), reg.Host, "eng", "4.0", []sandbox.EngineVariant{good, bad}); err != nil {
-		t.Fatal(err)
-	}
-	ref := reg.Host + "/eng:4.0"
-	c := newCLI(t, reg)
-	out, code := c.run("provision", ref, "--override", "cu129", "--json")
-	var sts []provision.Status
-	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &sts); code != 0 || err != nil || len(sts) != 1 || sts[0].Variant != "cu129" {
-		t.Fatalf("provision cu129: exit %d, %v:\n%s", code, err, out)
-	}
-	pinned := sts[0].Pinned
+	// On both registries: what is printed must not depend on the registry.
+	for _, reg := range testenv.Registries(t) {
+		t.Run(reg.Name, func(t *testing.T) {
+			good := sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "9.0"}
+			bad := sandbox.EngineVariant{Name: "cu13", CUDA: "13.0", Archs: "9.0", SimProbe: "fail"}
+			if _, err := sandbox.PublishEngine(context.Background(), reg.Host, "eng", "4.0", []sandbox.EngineVariant{good, bad}); err != nil {
+				t.Fatal(err)
+			}
+			ref := reg.Host + "/eng:4.0"
+			c := newCLI(t, nil)
+			out, code := c.run("provision", ref, "--override", "cu129", "--json")
+			var sts []provision.Status
+			if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &sts); code != 0 || err != nil || len(sts) != 1 || sts[0].Variant != "cu129" {
+				t.Fatalf("provision cu129: exit %d, %v:\n%s", code, err, out)
+			}
+			pinned := sts[0].Pinned
 
-	out, code = c.run("provision", ref, "--override", "cu13")
-	if code != 1 || !strings.Contains(out, "eng:4.0: FAILED") {
-		t.Fatalf("forced cu13 with a failing probe: exit %d, want 1 and FAILED:\n%s", code, out)
-	}
-	want := "  pinned:   " + pinned + " (cu129)\n"
-	if !strings.Contains(out, want) {
-		t.Errorf("output lacks %q, the earlier pin with its own variant:\n%s", want, out)
-	}
-	if strings.Contains(out, pinned+" (cu13)") {
-		t.Errorf("the cu129 pin is printed as cu13:\n%s", out)
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if strings.Contains(line, "cu13: cu13:") || strings.Contains(line, "cu129: cu129:") {
-			t.Errorf("a line repeats the variant: %s", line)
-		}
-	}
-	pins, err := testenv.Runtime(t).Pins(context.Background())
-	if err != nil || len(pins) != 1 || pins[0].Ref != pinned || pins[0].Variant != "cu129" {
-		t.Fatalf("pins after the failed forced variant: %+v, %v; want the cu129 pin kept", pins, err)
+			out, code = c.run("provision", ref, "--override", "cu13")
+			if code != 1 || !strings.Contains(out, "eng:4.0: FAILED") {
+				t.Fatalf("forced cu13 with a failing probe: exit %d, want 1 and FAILED:\n%s", code, out)
+			}
+			want := "  pinned:   " + pinned + " (cu129)\n"
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q, the earlier pin with its own variant:\n%s", want, out)
+			}
+			if strings.Contains(out, pinned+" (cu13)") {
+				t.Errorf("the cu129 pin is printed as cu13:\n%s", out)
+			}
+			for _, line := range strings.Split(out, "\n") {
+				if strings.Contains(line, "cu13: cu13:") || strings.Contains(line, "cu129: cu129:") {
+					t.Errorf("a line repeats the variant: %s", line)
+				}
+			}
+			pins, err := testenv.Runtime(t).Pins(context.Background())
+			if err != nil || len(pins) != 1 || pins[0].Ref != pinned || pins[0].Variant != "cu129" {
+				t.Fatalf("pins after the failed forced variant: %+v, %v; want the cu129 pin kept", pins, err)
+			}
+		})
 	}
 }
 
@@ -225,4 +232,38 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// Usage errors exit 2 through the real binary, as they do in process:
+// urfave/cli's own exit handling once called os.Exit(3) for `help bogus`
+// before main could map it (the in-process tests, with a handler of their
+// own, never saw it). The message comes once, from main.
+func TestCLIUsageErrorsExitTwoThroughTheBinary(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // on stderr
+	}{
+		{[]string{"help", "bogus"}, "gpupin: No help topic for 'bogus'"},
+		{[]string{"nosuch"}, `gpupin: gpupin has no command "nosuch"`},
+		{[]string{"override", "bogus"}, `gpupin: gpupin override has no command "bogus"`},
+		{[]string{"plan", "reg.example/x:1", "--bogus"}, "gpupin: flag provided but not defined: -bogus"},
+		{[]string{"gc", "--runc-root"}, "gpupin: flag provided but not defined: -runc-root"},
+		{[]string{"--namespace"}, "gpupin: flag needs an argument: -namespace"},
+		{[]string{"plan"}, "gpupin: usage: gpupin plan REF"},
+		{[]string{"--overrides", "/nonexistent/overrides.yaml", "override", "set", "vllm", "off"}, `gpupin: override "off" is a YAML boolean, not an override; write none`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			cmd := exec.Command(gpupinBin, tc.args...)
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() != 2 {
+				t.Fatalf("exit %v, want 2; stderr:\n%s", err, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tc.want) || strings.Count(stderr.String(), tc.want) != 1 {
+				t.Errorf("stderr lacks %q once:\n%s", tc.want, stderr.String())
+			}
+		})
+	}
 }

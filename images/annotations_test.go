@@ -92,7 +92,7 @@ func TestRejectUnit(t *testing.T) {
 		v    Variant
 		want string // substring; "" = accepted
 	}{
-		{"driver min not met", Variant{Metadata: Metadata{Variant: "cu129", CUDA: "12.9", DriverMin: "580.65.06"}}, "driver 575.57.08 is older than 580.65.06, the lowest cu129 supports: upgrade the driver"},
+		{"driver min not met", Variant{Metadata: Metadata{Variant: "cu129", CUDA: "12.9", DriverMin: "580.65.06"}}, "driver 575.57.08 is older than 580.65.06, the lowest this variant supports: upgrade the driver"},
 		{"driver min met", Variant{Metadata: Metadata{Variant: "cu129", CUDA: "12.9", DriverMin: "570"}}, ""},
 		{"no archs: no arch check", Variant{Metadata: Metadata{Variant: "cu129", CUDA: "12.9"}}, ""},
 		{"older CUDA runs", Variant{Metadata: Metadata{Variant: "cu126", CUDA: "12.6", Archs: "9.0"}}, ""},

@@ -38,8 +38,11 @@ type Candidate struct {
 	// MediaType is the index entry's: what the pull must find there.
 	MediaType string `json:"media_type,omitempty"`
 	// Warning is set on a forced variant that auto would have rejected.
-	Warning string   `json:"warning,omitempty"`
-	Meta    Metadata `json:"-"`
+	Warning string `json:"warning,omitempty"`
+	// Probe is the probe that would prove it: provision.Plan sets it, since
+	// it depends on the engine's name as well as the variant's metadata.
+	Probe string   `json:"probe,omitempty"`
+	Meta  Metadata `json:"-"`
 }
 
 // Rejection says why a variant is not a candidate, in words a person can act on.
@@ -68,8 +71,10 @@ func Choose(f *node.Facts, set *Set, ov Override) *Plan {
 	var valid []Variant
 	for _, v := range set.Variants {
 		if v.Invalid != "" {
+			// Invalid begins with the entry's name ("entry 2 (sha256:…): …"),
+			// which is the rejection's variant: said once, before the reason.
 			p.Rejected = append(p.Rejected, Rejection{Variant: v.Variant, Platform: v.Platform,
-				Reason: "unreadable metadata, skipped: " + v.Invalid + "; ask its publisher to fix the index"})
+				Reason: "unreadable metadata, skipped " + strings.TrimPrefix(v.Invalid, v.Variant+" ") + "; ask its publisher to fix the index"})
 			continue
 		}
 		valid = append(valid, v)
@@ -172,13 +177,13 @@ func Reject(f *node.Facts, v Variant) string {
 		// still decides whether it runs.
 	default:
 		if nodeCUDA.Compare(need) < 0 {
-			return fmt.Sprintf("driver %s supports CUDA %s; %s needs %s: upgrade the driver or use a variant built for CUDA ≤ %s", f.Driver, f.CUDA, v.Variant, v.CUDA, f.CUDA)
+			return fmt.Sprintf("driver %s supports CUDA %s; this variant needs %s: upgrade the driver or use a variant built for CUDA ≤ %s", f.Driver, f.CUDA, v.CUDA, f.CUDA)
 		}
 		if v.DriverMin != "" {
 			have, _ := node.ParseVersion(f.Driver)
 			min, _ := node.ParseVersion(v.DriverMin)
 			if have.Compare(min) < 0 {
-				return fmt.Sprintf("driver %s is older than %s, the lowest %s supports: upgrade the driver", f.Driver, v.DriverMin, v.Variant)
+				return fmt.Sprintf("driver %s is older than %s, the lowest this variant supports: upgrade the driver", f.Driver, v.DriverMin)
 			}
 		}
 	}

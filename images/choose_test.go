@@ -3,6 +3,7 @@ package images_test
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -195,7 +196,7 @@ func TestChooseSimulatedNodes(t *testing.T) {
 			want: []string{"cu13", "cu129"}, outcome: images.OutcomeReady},
 		{name: "H100 driver 575 CUDA 12.9", node: facts("575.57.08", "12.9", h100),
 			want:     []string{"cu129"},
-			rejected: map[string]string{"cu13": "driver 575.57.08 supports CUDA 12.9; cu13 needs 13.0"},
+			rejected: map[string]string{"cu13": "driver 575.57.08 supports CUDA 12.9; this variant needs 13.0: upgrade the driver or use a variant built for CUDA ≤ 12.9"},
 			outcome:  images.OutcomeReady},
 		{name: "V100 driver 580", node: facts("580.82.07", "13.0", v100),
 			want:     []string{"cu129"},
@@ -206,7 +207,7 @@ func TestChooseSimulatedNodes(t *testing.T) {
 			rejected: map[string]string{"cu129": "no kernels for GPU 0 (NVIDIA RTX PRO 6000 Blackwell Workstation Edition, compute capability 12.0)"},
 			outcome:  images.OutcomeReady},
 		{name: "Blackwell 12.0 driver 575: nothing fits", node: facts("575.57.08", "12.9", rtxPro),
-			rejected: map[string]string{"cu13": "supports CUDA 12.9; cu13 needs 13.0", "cu129": "no kernels for GPU 0"},
+			rejected: map[string]string{"cu13": "supports CUDA 12.9; this variant needs 13.0", "cu129": "no kernels for GPU 0"},
 			outcome:  images.OutcomeNoCandidate, detail: "no variant of"},
 		{name: "mixed A100 and H100", node: facts("580.82.07", "13.0", a100, h100at1),
 			want: []string{"cu13", "cu129"}, outcome: images.OutcomeReady},
@@ -230,7 +231,7 @@ func TestChooseSimulatedNodes(t *testing.T) {
 			want: []string{"cu129"}, outcome: images.OutcomeReady},
 		{name: "override variant auto would reject", node: facts("575.57.08", "12.9", h100), override: "cu13",
 			want: []string{"cu13"}, outcome: images.OutcomeReady,
-			warning: "forced by override; auto would reject it: driver 575.57.08 supports CUDA 12.9; cu13 needs 13.0"},
+			warning: "forced by override; auto would reject it: driver 575.57.08 supports CUDA 12.9; this variant needs 13.0: upgrade the driver or use a variant built for CUDA ≤ 12.9"},
 		{name: "override missing variant", node: facts("580.82.07", "13.0", h100), override: "cu118",
 			outcome: images.OutcomeNoCandidate, detail: "override cu118: no such variant for linux/amd64 under " + f.engine + "; published: cu129, cu13"},
 		{name: "override image", node: facts("580.82.07", "13.0", h100), override: f.custom,
@@ -288,7 +289,7 @@ func TestChooseSimulatedNodes(t *testing.T) {
 					t.Errorf("rejection of %s has no reason", r.Variant)
 				}
 				// Printed as "VARIANT: REASON": the reason does not say it again.
-				if strings.HasPrefix(r.Reason, r.Variant+":") || strings.HasPrefix(r.Reason, r.Variant+" ") {
+				if repeatsVariant(r) {
 					t.Errorf("rejection of %s repeats the variant: %q", r.Variant, r.Reason)
 				}
 			}
@@ -562,7 +563,7 @@ func TestRejectionReasonsDoNotRepeatTheVariant(t *testing.T) {
 		for _, fa := range nodes {
 			for _, r := range f.plan(t, ref, fa, "auto").Rejected {
 				n++
-				if strings.HasPrefix(r.Reason, r.Variant+":") || strings.HasPrefix(r.Reason, r.Variant+" ") {
+				if repeatsVariant(r) {
 					t.Errorf("%s on driver %s: the reason repeats the variant: %s: %s", ref, fa.Driver, r.Variant, r.Reason)
 				}
 			}
@@ -570,5 +571,46 @@ func TestRejectionReasonsDoNotRepeatTheVariant(t *testing.T) {
 	}
 	if n == 0 {
 		t.Fatal("no rejection at all: the check proves nothing")
+	}
+}
+
+// repeatsVariant reports whether a rejection's reason names its variant
+// anywhere, as a word of its own: the whole reason, not only its start
+// ("…; cu13 needs 13.0" after "cu13: " says it twice).
+func repeatsVariant(r images.Rejection) bool {
+	return regexp.MustCompile(`(^|[^a-z0-9._-])` + regexp.QuoteMeta(r.Variant) + `($|[^a-z0-9._-])`).MatchString(r.Reason)
+}
+
+// Entries without a requirement set are judged by their CUDA version and
+// minimum driver; the whole reason is what a person reads after the
+// variant's name, so it is checked whole.
+func TestRejectionReasonsWithoutRequirements(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		node *node.Facts
+		v    images.Variant
+		want string
+	}{
+		{"CUDA newer than the driver's", facts("575.57.08", "12.9", h100),
+			images.Variant{Metadata: images.Metadata{Variant: "cu13", CUDA: "13.0"}},
+			"driver 575.57.08 supports CUDA 12.9; this variant needs 13.0: upgrade the driver or use a variant built for CUDA ≤ 12.9"},
+		{"driver below the minimum", facts("575.57.08", "12.9", h100),
+			images.Variant{Metadata: images.Metadata{Variant: "cu129", CUDA: "12.9", DriverMin: "580.65.06"}},
+			"driver 575.57.08 is older than 580.65.06, the lowest this variant supports: upgrade the driver"},
+		{"no kernels", facts("580.82.07", "13.0", v100),
+			images.Variant{Metadata: images.Metadata{Variant: "cu13", CUDA: "13.0", Archs: "7.5,8.0,9.0"}},
+			"no kernels for GPU 0 (Tesla V100-SXM2-32GB, compute capability 7.0): its archs are 7.5,8.0,9.0; use a variant built for 7.0"},
+		{"runs", facts("580.82.07", "13.0", h100),
+			images.Variant{Metadata: images.Metadata{Variant: "cu13", CUDA: "13.0", DriverMin: "580.65.06", Archs: "9.0"}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := images.Reject(tc.node, tc.v)
+			if got != tc.want {
+				t.Errorf("Reject = %q\nwant     %q", got, tc.want)
+			}
+			if repeatsVariant(images.Rejection{Variant: tc.v.Variant, Reason: got}) {
+				t.Errorf("the reason names %s again: %q", tc.v.Variant, got)
+			}
+		})
 	}
 }

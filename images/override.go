@@ -36,6 +36,11 @@ func ParseOverride(s string) (Override, error) {
 	case "none":
 		return Override{Kind: OverrideNone}, nil
 	}
+	if isYAMLBoolWord(s) {
+		// A variant named "off" or "true" is never what was meant, and the
+		// overrides file's YAML turns on/off/yes/no into true/false anyway.
+		return Override{}, fmt.Errorf("override %q is a YAML boolean, not an override; %s", s, boolOverrideHint)
+	}
 	if len(s) > 512 {
 		return Override{}, fmt.Errorf("override of %d bytes is too long; %s", len(s), OverrideForms)
 	}

@@ -211,3 +211,50 @@ func TestUpdateOverridesConcurrentWritersLoseNothing(t *testing.T) {
 		t.Fatalf("engine0 = %q after a refused change", of.Overrides["engine0"])
 	}
 }
+
+// YAML booleans are never overrides: `vllm: off` reaches the decoder as
+// the string "false" (YAML 1.1), `vllm: true` as "true", and either would
+// otherwise be taken for a variant of that name and fail only later, as
+// "no such variant". The file is refused with the value as written, its
+// line, and what to write instead; so is the string, quoted or given to
+// ParseOverride (the CLI, the agent's API).
+func TestOverrideYAMLBooleansRefused(t *testing.T) {
+	const hint = "write none to keep the engine off this node, or auto to let gpupin choose by driver and GPUs"
+	for _, tc := range []struct {
+		name, body string
+		want       string // the whole message after the file's name
+	}{
+		{"true", "overrides:\n  vllm: true\n", "line 2: engine vllm: true is a YAML boolean (true/false), not an override; " + hint},
+		{"false", "overrides:\n  sglang: none\n  vllm: false\n", "line 3: engine vllm: false is a YAML boolean (true/false), not an override; " + hint},
+		{"off", "overrides:\n  vllm: off\n", "line 2: engine vllm: off is a YAML boolean (true/false), not an override; " + hint},
+		{"on", "overrides:\n  vllm: on\n", "line 2: engine vllm: on is a YAML boolean (true/false), not an override; " + hint},
+		{"yes", "overrides:\n  vllm: yes\n", "line 2: engine vllm: yes is a YAML boolean (true/false), not an override; " + hint},
+		{"no", "overrides:\n  vllm: no\n", "line 2: engine vllm: no is a YAML boolean (true/false), not an override; " + hint},
+		{"capitalised", "overrides:\n  vllm: Off\n", "line 2: engine vllm: Off is a YAML boolean (true/false), not an override; " + hint},
+		{"flow style", "overrides: {vllm: TRUE}\n", "line 1: engine vllm: TRUE is a YAML boolean (true/false), not an override; " + hint},
+		{"quoted", "overrides:\n  vllm: 'off'\n", `engine vllm: override "off" is a YAML boolean, not an override; ` + hint},
+		{"quoted true", "overrides:\n  vllm: \"true\"\n", `engine vllm: override "true" is a YAML boolean, not an override; ` + hint},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "o.yaml")
+			if err := os.WriteFile(path, []byte(tc.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			of, err := LoadOverrides(path)
+			if want := "overrides " + path + ": " + tc.want; err == nil || err.Error() != want {
+				t.Fatalf("LoadOverrides = %+v, %v\nwant error %s", of, err, want)
+			}
+		})
+	}
+	for _, s := range []string{"true", "false", "off", "on", "yes", "no", "y", "n", "OFF", "True"} {
+		if o, err := ParseOverride(s); err == nil || !strings.Contains(err.Error(), "is a YAML boolean, not an override; "+hint) {
+			t.Errorf("ParseOverride(%q) = %+v, %v; want the YAML boolean refusal", s, o, err)
+		}
+	}
+	// Words that merely begin like one are variant names as before.
+	for _, s := range []string{"none", "auto", "offload", "yes2", "cu129"} {
+		if _, err := ParseOverride(s); err != nil {
+			t.Errorf("ParseOverride(%q): %v", s, err)
+		}
+	}
+}

@@ -54,6 +54,10 @@ func LoadOverrides(path string) (*OverrideFile, error) {
 	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
 		return nil, overrideShapeError(path, data, err)
 	}
+	// Checked on the text: the decoder has already turned `off` into "false".
+	if err := CheckOverrideBooleans(data); err != nil {
+		return nil, fmt.Errorf("overrides %s: %w", path, err)
+	}
 	for engine, value := range doc.Overrides {
 		if !ValidEngineName(engine) {
 			return nil, fmt.Errorf("overrides %s: %q is not an engine name (lower-case letters, digits, '.', '_', '-')", path, engine)

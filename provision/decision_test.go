@@ -52,62 +52,67 @@ func pushEngine(t *testing.T, ref, engine, version string, bare bool, vs ...sand
 // same on both sides. Every probe fails, so Provision tries them all.
 func TestSimulatedPlanIsWhatProvisionTries(t *testing.T) {
 	ctx := context.Background()
-	reg := testenv.Registry(t)
-	rt := testenv.Runtime(t)
-	fail13, fail129 := cu13, cu129
-	fail13.SimProbe, fail129.SimProbe = "fail", "fail"
-	annotated := reg.Host + "/demo:1.0"
-	pushEngine(t, annotated, "demo", "1.0", false, fail13, fail129)
-	// Named vllm by its metadata, vllm-openai by its repository.
-	renamed := reg.Host + "/vllm/vllm-openai:0.11.0"
-	pushEngine(t, renamed, "vllm", "0.11.0", false, fail13, fail129)
-	upstream := reg.Host + "/up/vllm-openai:0.11.0"
-	pushEngine(t, upstream, "", "", true, fail13, fail129)
+	// On both registries (go-containerregistry's and Debian's
+	// docker-registry): the decision must not depend on which serves it.
+	for _, reg := range testenv.Registries(t) {
+		t.Run(reg.Name, func(t *testing.T) {
+			rt := testenv.Runtime(t)
+			fail13, fail129 := cu13, cu129
+			fail13.SimProbe, fail129.SimProbe = "fail", "fail"
+			annotated := reg.Host + "/demo:1.0"
+			pushEngine(t, annotated, "demo", "1.0", false, fail13, fail129)
+			// Named vllm by its metadata, vllm-openai by its repository.
+			renamed := reg.Host + "/vllm/vllm-openai:0.11.0"
+			pushEngine(t, renamed, "vllm", "0.11.0", false, fail13, fail129)
+			upstream := reg.Host + "/up/vllm-openai:0.11.0"
+			pushEngine(t, upstream, "", "", true, fail13, fail129)
 
-	v100 := &node.Facts{Driver: "580.82.07", CUDA: "13.0", Platform: "linux/amd64", Simulated: true,
-		GPUs: []node.GPU{{Index: 0, UUID: "GPU-v100", Name: "Tesla V100-SXM2-32GB", Brand: "tesla", CC: "7.0"}}}
-	nodes := map[string]*node.Facts{
-		"h100-580": h100("580.82.07", "13.0"),
-		"h100-575": h100("575.57.08", "12.9"),
-		"v100-580": v100,
-		"no-driver": {Platform: "linux/amd64", Simulated: true, GPUs: []node.GPU{},
-			Unsupported: "no NVIDIA driver (simulated)"},
-	}
-	files := map[string]string{
-		"none":              "",
-		"vllm-openai=none":  "overrides:\n  vllm-openai: none\n",
-		"vllm=cu129":        "overrides:\n  vllm: cu129\n",
-		"demo=none":         "overrides:\n  demo: none\n",
-		"demo=image":        "overrides:\n  demo: " + upstream + "\n",
-		"vllm=unpublished":  "overrides:\n  vllm: cu999\n",
-		"vllm-openai=cu129": "overrides:\n  vllm-openai: cu129\n",
-	}
-	wants := []provision.Want{
-		{Ref: annotated}, {Ref: renamed}, {Ref: upstream},
-		{Ref: annotated, Override: "cu13"},
-	}
-	dir := t.TempDir()
-	for fname, body := range files {
-		path := filepath.Join(dir, fname+".yaml")
-		if body != "" {
-			if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
-				t.Fatal(err)
+			v100 := &node.Facts{Driver: "580.82.07", CUDA: "13.0", Platform: "linux/amd64", Simulated: true,
+				GPUs: []node.GPU{{Index: 0, UUID: "GPU-v100", Name: "Tesla V100-SXM2-32GB", Brand: "tesla", CC: "7.0"}}}
+			nodes := map[string]*node.Facts{
+				"h100-580": h100("580.82.07", "13.0"),
+				"h100-575": h100("575.57.08", "12.9"),
+				"v100-580": v100,
+				"no-driver": {Platform: "linux/amd64", Simulated: true, GPUs: []node.GPU{},
+					Unsupported: "no NVIDIA driver (simulated)"},
 			}
-		}
-		for nname, facts := range nodes {
-			for _, w := range wants {
-				name := fmt.Sprintf("%s/%s/%s%s", fname, nname, strings.TrimPrefix(w.Ref, reg.Host+"/"), w.Override)
-				t.Run(name, func(t *testing.T) {
-					p := provision.New(rt, testOptions(t, node.Static{Facts: facts}, provision.WithOverrides(provision.OverrideFile(path)))...)
-					pl, err := p.Plan(ctx, w)
-					if err != nil {
+			files := map[string]string{
+				"none":              "",
+				"vllm-openai=none":  "overrides:\n  vllm-openai: none\n",
+				"vllm=cu129":        "overrides:\n  vllm: cu129\n",
+				"demo=none":         "overrides:\n  demo: none\n",
+				"demo=image":        "overrides:\n  demo: " + upstream + "\n",
+				"vllm=unpublished":  "overrides:\n  vllm: cu999\n",
+				"vllm-openai=cu129": "overrides:\n  vllm-openai: cu129\n",
+			}
+			wants := []provision.Want{
+				{Ref: annotated}, {Ref: renamed}, {Ref: upstream},
+				{Ref: annotated, Override: "cu13"},
+			}
+			dir := t.TempDir()
+			for fname, body := range files {
+				path := filepath.Join(dir, fname+".yaml")
+				if body != "" {
+					if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 						t.Fatal(err)
 					}
-					st := p.Provision(ctx, w)
-					compareDecision(t, pl, st)
-				})
+				}
+				for nname, facts := range nodes {
+					for _, w := range wants {
+						name := fmt.Sprintf("%s/%s/%s%s", fname, nname, strings.TrimPrefix(w.Ref, reg.Host+"/"), w.Override)
+						t.Run(name, func(t *testing.T) {
+							p := provision.New(rt, testOptions(t, node.Static{Facts: facts}, provision.WithOverrides(provision.OverrideFile(path)))...)
+							pl, err := p.Plan(ctx, w)
+							if err != nil {
+								t.Fatal(err)
+							}
+							st := p.Provision(ctx, w)
+							compareDecision(t, pl, st)
+						})
+					}
+				}
 			}
-		}
+		})
 	}
 }
 

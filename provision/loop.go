@@ -228,6 +228,24 @@ func (l *Loop) overrideChanged(e *entry) bool {
 	return now != e.status.Override
 }
 
+// Unnamed lists the wants (by key) whose engine has no name yet: the want
+// names none, and no plan of it has read its image (a registry that has
+// been down since it was wanted). An override set meanwhile under the name
+// its image will give it applies from its first plan that reads the image:
+// every plan reads the overrides afresh, and a run that learns the name
+// under an override it did not run with runs again at once (finish).
+func (l *Loop) Unnamed() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, k := range l.order {
+		if l.engineOf(l.entries[k]) == "" {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // Overrides returns the overrides the loop's provisioner holds.
 func (l *Loop) Overrides() map[string]string {
 	if ov, ok := l.p.opts.Overrides.(*Overrides); ok {

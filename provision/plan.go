@@ -167,6 +167,14 @@ func (p *Provisioner) plan(ctx context.Context, w Want, facts *node.Facts, pins 
 	}
 	c := images.Choose(facts, set, choice)
 	pl.Candidates, pl.Rejected, pl.Outcome, pl.Detail = c.Candidates, c.Rejected, c.Outcome, c.Detail
+	for i := range pl.Candidates {
+		// The probe Provision will run on it, so the plan says it in advance.
+		k, err := p.probeKind(pl.Candidates[i].Meta, pl.Engine)
+		if err != nil {
+			return nil, fmt.Errorf("candidate %s: %w", pl.Candidates[i].Variant, err)
+		}
+		pl.Candidates[i].Probe = string(k)
+	}
 	for _, v := range set.Variants {
 		pl.Derived = pl.Derived || v.Derived
 	}

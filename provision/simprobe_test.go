@@ -85,6 +85,27 @@ func assertNoPins(t *testing.T, rt *runtime.Runtime) {
 	}
 }
 
+// dirBytes is the size of the regular files under dir.
+func dirBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, de os.DirEntry, err error) error {
+		if err != nil || !de.Type().IsRegular() {
+			return err
+		}
+		fi, err := de.Info()
+		if err != nil {
+			return err
+		}
+		n += fi.Size()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func hasCheck(v *probe.Verdict, substr string) bool {
 	for _, c := range v.SimulatedChecks {
 		if strings.Contains(c, substr) {
@@ -99,6 +120,9 @@ func hasCheck(v *probe.Verdict, substr string) bool {
 // fails as it would on a GPU node; the project's stand-in torch module,
 // which says it has CUDA 12.9, passes with the device work simulated.
 func TestSimulatedTorchProbeInRealPython(t *testing.T) {
+	// Root first: TorchLayer builds its root filesystem with mmdebstrap
+	// --mode=root, minutes of work that a non-root run must not start.
+	testenv.RequireRoot(t)
 	ctx := context.Background()
 	start := time.Now()
 	rootfs, built, err := sandbox.TorchLayer(ctx)
@@ -143,11 +167,21 @@ func TestSimulatedTorchProbeInRealPython(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	reg := testenv.Registry(t)
+	// The torch layer is about 450 MB compressed: the registry keeps blobs
+	// on disk, not in the test's memory (go-containerregistry's default).
+	blobs := t.TempDir()
+	reg, err := sandbox.StartRegistry(sandbox.RegistryOptions{BlobDir: blobs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
 	rt := testenv.Runtime(t)
 	meta := images.Metadata{Engine: "vllm", Variant: "cu129", CUDA: "12.9", Archs: "8.0,9.0", Probe: "torch"}
 	cpuRef := publish(t, reg, "debian-torch", variantImage{meta, realTorch})
 	fakeRef := publish(t, reg, "fake-torch", variantImage{meta, fakeTorch})
+	if n := dirBytes(t, blobs); n < 100<<20 {
+		t.Fatalf("the registry's blob directory holds %d bytes after the push; want the torch layer there", n)
+	}
 	facts := h100("575.57.08", "12.9")
 	p := newProvisioner(t, rt, facts, provision.WithProbeTimeout(5*time.Minute))
 

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -147,7 +146,6 @@ func recordingApp(got *seen) *cli.App {
 	app.Before = nil
 	var out, errOut bytes.Buffer
 	app.Writer, app.ErrWriter = &out, &errOut
-	app.ExitErrHandler = func(*cli.Context, error) {}
 	return app
 }
 
@@ -247,17 +245,9 @@ func runBounded(t *testing.T, args ...string) (stdout, errMsg string, code int) 
 		app := newApp()
 		var out, errOut bytes.Buffer
 		app.Writer, app.ErrWriter = &out, &errOut
-		app.ExitErrHandler = func(*cli.Context, error) {}
-		err := app.RunContext(context.Background(), reorderArgs(app, append([]string{"gpupin"}, args...)))
-		r := result{out: out.String()}
-		if err != nil {
-			var ec cli.ExitCoder
-			r.code = exitError
-			if errors.As(err, &ec) {
-				r.code = ec.ExitCode()
-			}
-			r.msg = err.Error()
-		}
+		r := result{}
+		r.msg, r.code = execute(context.Background(), app, append([]string{"gpupin"}, args...))
+		r.out = out.String()
 		done <- r
 	}()
 	select {
@@ -312,6 +302,7 @@ func TestUsageErrorsExitTwoEveryCommand(t *testing.T) {
 		call{[]string{"--namespace"}, "flag needs an argument: -namespace"},
 		call{[]string{"nosuch"}, `gpupin has no command "nosuch"`},
 		call{[]string{"override", "bogus"}, `gpupin override has no command "bogus"`},
+		call{[]string{"help", "bogus"}, "No help topic for 'bogus'"},
 		call{[]string{"plan", "--bogus"}, "not defined: -bogus"},
 		call{[]string{"gc", "--runc-root"}, "not defined: -runc-root"},
 		call{[]string{"--address", "/nonexistent/containerd.sock", "unpin"}, "usage: gpupin unpin"},

@@ -35,25 +35,32 @@ var commands []func() *cli.Command
 func register(c func() *cli.Command) { commands = append(commands, c) }
 
 func main() {
-	app := newApp()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := app.RunContext(ctx, reorderArgs(app, os.Args)); err != nil {
-		var ec cli.ExitCoder
-		if errors.As(err, &ec) {
-			msg := err.Error()
-			if msg != "" {
-				fmt.Fprintln(os.Stderr, "gpupin:", msg)
-			}
-			code := ec.ExitCode()
-			if strings.HasPrefix(msg, "No help topic for") {
-				code = exitUsage // urfave's help command says 3 for an unknown topic
-			}
-			os.Exit(code)
-		}
-		fmt.Fprintln(os.Stderr, "gpupin:", err)
-		os.Exit(exitError)
+	msg, code := execute(ctx, newApp(), os.Args)
+	if msg != "" {
+		fmt.Fprintln(os.Stderr, "gpupin:", msg)
 	}
+	stop()
+	os.Exit(code)
+}
+
+// execute runs the app on args (flags after arguments reordered) and
+// returns the message to print and the exit code: main and the tests take
+// this one path, so what the tests see is what the binary does.
+func execute(ctx context.Context, app *cli.App, args []string) (msg string, code int) {
+	err := app.RunContext(ctx, reorderArgs(app, args))
+	if err == nil {
+		return "", exitOK
+	}
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) {
+		return err.Error(), exitError
+	}
+	msg, code = err.Error(), ec.ExitCode()
+	if strings.HasPrefix(msg, "No help topic for") {
+		code = exitUsage // urfave's help command says 3 for an unknown topic
+	}
+	return msg, code
 }
 
 func newApp() *cli.App {
@@ -78,5 +85,9 @@ func newApp() *cli.App {
 		},
 		Before: setupLogging,
 		Action: unknownCommand,
+		// Without a handler of its own, urfave/cli exits the process from
+		// inside RunContext on any ExitCoder (os.Exit, before execute can
+		// map "No help topic" to 2): errors come back to execute instead.
+		ExitErrHandler: func(*cli.Context, error) {},
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/provision"
 )
 
 func init() { register(overrideCommand) }
@@ -107,23 +109,26 @@ func runOverrideSet(c *cli.Context) error {
 }
 
 // checkOverrideAgainst resolves ref and refuses a variant it does not
-// publish, or a ref of another engine.
+// publish, or a ref of another engine: named as provision names it (its
+// io.gpupin.engine, else its repository's last element).
 func checkOverrideAgainst(c *cli.Context, engine string, ov images.Override, ref string) error {
-	set, err := (&images.Resolver{Remote: registryPolicy(c)}).Resolve(c.Context, ref)
+	p := provision.New(nil, provision.WithResolver(&images.Resolver{Remote: registryPolicy(c)}))
+	named, err := p.Name(c.Context, provision.Want{Ref: ref})
+	if errors.Is(err, provision.ErrInvalidWant) {
+		return cli.Exit(fmt.Sprintf("--ref: %v", err), exitUsage)
+	}
 	if err != nil {
 		return cli.Exit(fmt.Sprintf("--ref: %v", err), exitError)
 	}
-	for _, v := range set.Variants {
-		if v.Engine != "" && v.Engine != engine {
-			return cli.Exit(fmt.Sprintf("--ref %s is engine %s, not %s", ref, v.Engine, engine), exitUsage)
-		}
+	if named.Engine != engine {
+		return cli.Exit(fmt.Sprintf("--ref %s is engine %s (named by its %s), not %s", ref, named.Engine, namedByWords(named.NamedBy), engine), exitUsage)
 	}
 	if ov.Kind != images.OverrideVariant {
 		return nil
 	}
 	seen := map[string]bool{}
 	var published []string
-	for _, v := range set.Variants {
+	for _, v := range named.Set.Variants {
 		if !seen[v.Variant] {
 			seen[v.Variant] = true
 			published = append(published, v.Variant)
@@ -134,6 +139,19 @@ func checkOverrideAgainst(c *cli.Context, engine string, ov images.Override, ref
 		return cli.Exit(fmt.Sprintf("variant %s is not published under %s; published: %s", ov.Variant, ref, strings.Join(published, ", ")), exitUsage)
 	}
 	return nil
+}
+
+// namedByWords says how a key was named, as a person reads it.
+func namedByWords(by string) string {
+	switch by {
+	case provision.NamedByMetadata:
+		return "io.gpupin.engine metadata"
+	case provision.NamedByPin:
+		return "pin"
+	case provision.NamedByWant:
+		return "want"
+	}
+	return "repository's last element"
 }
 
 func runOverrideGet(c *cli.Context) error {

@@ -1,7 +1,7 @@
 package main
 
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/runtime"
 )
 
@@ -25,15 +26,10 @@ type pinView struct {
 	Valid *bool `json:"valid,omitempty"`
 	// SimulatedChecks are the checks its verdict says were simulated.
 	SimulatedChecks []string `json:"simulated_checks,omitempty"`
-}
-
-// simulatedChecks reads them from the pin's compact verdict.
-func simulatedChecks(verdict string) []string {
-	var v struct {
-		Checks []string `json:"simulated_checks"`
-	}
-	json.Unmarshal([]byte(verdict), &v)
-	return v.Checks
+	// VerdictTruncated: the verdict label was cut, and what it said of
+	// simulated checks is lost (VerdictError says so).
+	VerdictTruncated bool   `json:"verdict_truncated,omitempty"`
+	VerdictError     string `json:"verdict_error,omitempty"`
 }
 
 func pinsCommand() *cli.Command {
@@ -78,7 +74,13 @@ func pinsCommand() *cli.Command {
 			views := make([]pinView, len(pins))
 			for i, p := range pins {
 				views[i].Pin = p
-				views[i].SimulatedChecks = simulatedChecks(p.Verdict)
+				// The label's format is provision's: read it there.
+				v, err := provision.ReadPinVerdict(p.Verdict)
+				views[i].SimulatedChecks = v.SimulatedChecks
+				if err != nil {
+					views[i].VerdictTruncated = errors.Is(err, provision.ErrVerdictTruncated)
+					views[i].VerdictError = err.Error()
+				}
 				if fp != "" {
 					v := p.Node == fp
 					views[i].Valid = &v
@@ -106,9 +108,14 @@ func pinsCommand() *cli.Command {
 				}
 				if v.Simulated {
 					valid += ", SIMULATED"
-					if n := len(v.SimulatedChecks); n > 0 {
+					switch n := len(v.SimulatedChecks); {
+					case v.VerdictError != "":
+						valid += " (" + v.VerdictError + ")"
+					case n > 0:
 						valid += fmt.Sprintf(" (%d checks simulated: %s)", n, strings.Join(v.SimulatedChecks, "; "))
 					}
+				} else if v.VerdictError != "" {
+					valid += " (" + v.VerdictError + ")"
 				}
 				if !v.Restored.IsZero() {
 					valid += ", restored " + v.Restored.Format(time.RFC3339)

@@ -117,7 +117,7 @@ func writePlan(w io.Writer, p *provision.Plan) {
 			if cand.Derived {
 				how = "  (derived)"
 			}
-			fmt.Fprintf(w, "  %d. %-8s CUDA %-5s %s  %s%s\n", i+1, cand.Variant, cand.CUDA, cand.Platform, cand.Ref, how)
+			fmt.Fprintf(w, "  %d. %-8s CUDA %-5s %s  %s  %s probe%s\n", i+1, cand.Variant, cand.CUDA, cand.Platform, cand.Ref, cand.Probe, how)
 			if cand.Warning != "" {
 				fmt.Fprintf(w, "     warning: %s\n", cand.Warning)
 			}

@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
-
-	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/internal/sandbox"
 )
@@ -23,17 +20,9 @@ func choiceRun(t *testing.T, args ...string) (stdout, errMsg string, code int) {
 	app := newApp()
 	var out, errOut bytes.Buffer
 	app.Writer, app.ErrWriter = &out, &errOut
-	// main handles exit codes; in a test, HandleExitCoder must not os.Exit.
-	app.ExitErrHandler = func(*cli.Context, error) {}
-	err := app.RunContext(context.Background(), reorderArgs(app, append([]string{"gpupin"}, args...)))
-	if err != nil {
-		var ec cli.ExitCoder
-		code = exitError
-		if errors.As(err, &ec) {
-			code = ec.ExitCode()
-		}
-		errMsg = err.Error()
-	}
+	// main's own path: the app's ExitErrHandler keeps urfave/cli from
+	// exiting, and execute maps the error to the code main exits with.
+	errMsg, code = execute(context.Background(), app, append([]string{"gpupin"}, args...))
 	return out.String(), errMsg, code
 }
 
@@ -125,10 +114,10 @@ func TestPlanJSONSimulated(t *testing.T) {
 		t.Fatalf("candidates = %v", cands)
 	}
 	first := cands[0].(map[string]any)
-	if got := keysOf(first); got != "cuda,derived,media_type,platform,ref,variant" {
+	if got := keysOf(first); got != "cuda,derived,media_type,platform,probe,ref,variant" {
 		t.Errorf("candidate keys = %s", got)
 	}
-	if first["variant"] != "cu13" || first["cuda"] != "13.0" || first["platform"] != "linux/amd64" || first["derived"] != false ||
+	if first["variant"] != "cu13" || first["cuda"] != "13.0" || first["platform"] != "linux/amd64" || first["derived"] != false || first["probe"] != "cuda" ||
 		!strings.HasPrefix(first["ref"].(string), w.reg.Host+"/vllm@sha256:") {
 		t.Errorf("first candidate = %v", first)
 	}
@@ -170,7 +159,7 @@ func TestPlanCasesSimulated(t *testing.T) {
 				"SIMULATED", "plan for " + w.engine + " (override: auto, from default)",
 				"node: driver 575.57.08, CUDA 12.9, " + "linux/amd64", "0 NVIDIA H100 80GB HBM3 (cc 9.0)",
 				"candidates, in the order they would be tried:", "1. cu129",
-				"rejected:", "  cu13: driver 575.57.08 supports CUDA 12.9; cu13 needs 13.0",
+				"rejected:", "  cu13: driver 575.57.08 supports CUDA 12.9; this variant needs 13.0: upgrade the driver or use a variant built for CUDA ≤ 12.9\n",
 				"outcome: ready-to-provision"},
 			notOut: []string{"DERIVED", "2. ", "cu13: cu13:"}},
 		{name: "global --node before the command", args: []string{"--node", h580, "--overrides", empty, "plan", w.engine},
@@ -194,7 +183,9 @@ func TestPlanCasesSimulated(t *testing.T) {
 		{name: "overrides file: image", args: []string{"--overrides", ovFile("overrides:\n  vllm: " + w.image + "\n"), "plan", w.engine, "--node", h580},
 			code: exitOK, out: []string{"1. cu128"}},
 		{name: "derived metadata is said", args: []string{"--overrides", empty, "plan", w.derived, "--node", h575},
-			code: exitOK, out: []string{"DERIVED", "1. cu129", "(derived)", "  cu13: driver 575.57.08 supports CUDA 12.9; NVIDIA_REQUIRE_CUDA needs cuda>=13.0"},
+			// Named vllm-openai by its repository, of the vllm family: the
+			// torch probe, as provision and gpupin probe will run.
+			code: exitOK, out: []string{"DERIVED", "1. cu129", "torch probe  (derived)", "  cu13: driver 575.57.08 supports CUDA 12.9; NVIDIA_REQUIRE_CUDA needs cuda>=13.0"},
 			notOut: []string{"cu13: cu13:"}},
 		{name: "unsupported node", args: []string{"--overrides", empty, "plan", w.engine, "--node", nodrv},
 			code: exitNoResult, out: []string{"SIMULATED", "unsupported: no NVIDIA driver (", "outcome: unsupported"}},

@@ -1,0 +1,237 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/probe"
+	"github.com/gpupin/gpupin/runtime"
+)
+
+// NamedByPin: the key is a pin's own, as the provision that made it named it.
+const NamedByPin = "pin"
+
+// ErrNotPulled: the image to probe is not in containerd's namespace.
+var ErrNotPulled = errors.New("image not pulled")
+
+// Named is a reference as a provision reads and names it: its variants,
+// and the key it would pin under.
+type Named struct {
+	Set     *images.Set
+	Engine  string
+	Version string
+	Key     string
+	NamedBy string
+}
+
+// Name resolves w's reference and names its engine and version exactly as
+// Plan and Provision do (the want's, else the image's metadata, else the
+// repository's last element and the tag). Nothing is pulled.
+func (p *Provisioner) Name(ctx context.Context, w Want) (*Named, error) {
+	if err := ValidateWant(w); err != nil {
+		return nil, err
+	}
+	ref, err := images.ParseReference(w.Ref)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidWant, err)
+	}
+	set, err := p.opts.Resolver.Resolve(ctx, w.Ref)
+	if err != nil {
+		return nil, err
+	}
+	var pl Plan
+	pl.name(w, ref, set)
+	return &Named{Set: set, Engine: pl.Engine, Version: pl.Version, Key: pl.Key, NamedBy: pl.NamedBy}, nil
+}
+
+// ProbeTarget is an image as a provision would probe it: the engine it is
+// named, the variant metadata it was chosen with, and so the probe that
+// proves it. `gpupin probe` prints it and hands it to Probe.
+type ProbeTarget struct {
+	// Image is the image record the probe runs in.
+	Image   string `json:"image"`
+	Engine  string `json:"engine"`
+	Key     string `json:"key"`
+	NamedBy string `json:"named_by"`
+	Variant string `json:"variant,omitempty"`
+	// Probe is the probe the metadata and engine select. On a simulated
+	// node an image that asks to be emulated (GPUPIN_SIM_PROBE) gets the
+	// emulator instead; the verdict's runtime.probe says which ran.
+	Probe probe.Kind      `json:"probe"`
+	Meta  images.Metadata `json:"metadata"`
+	// From says where the metadata came from: the reference in the
+	// registry, the source a pin was made from, or, when the registry did
+	// not answer, the image's own config in containerd.
+	From string      `json:"from"`
+	Node *node.Facts `json:"-"`
+}
+
+// ProbeAs is what the caller says in place of the image's own metadata.
+type ProbeAs struct {
+	// Engine names the engine (the probe's default, the torch probe's import).
+	Engine string
+	// Probe is the probe kind to run, over the image's io.gpupin.probe.
+	Probe string
+}
+
+// ProbeTarget reads an image already in containerd (a tag, a digest, a pin
+// or its local name) as a provision reads it, so that a probe of it alone
+// runs the probe a provision would: its metadata comes from the registry
+// through the same resolver, its engine is named by the same rule, and a
+// pin's comes from the source it was made from, whose index entry may be
+// the only place its io.gpupin.probe is written. When the registry does not
+// answer, the image's own config (labels, CUDA_VERSION) stands in, as it
+// does for an image without annotations, and From says so.
+func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs) (*ProbeTarget, error) {
+	if p.rt == nil {
+		return nil, errors.New("probe target: the provisioner has no runtime (containerd) to find the image in")
+	}
+	w := Want{Ref: image, Engine: as.Engine}
+	if err := ValidateWant(w); err != nil {
+		return nil, err
+	}
+	ref, err := images.ParseReference(image)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidWant, err)
+	}
+	facts, err := p.opts.Node.Read(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read node facts: %w", err)
+	}
+	if !facts.Simulated && !facts.Supported() {
+		return nil, newOutcome(ErrUnsupported, nil, "unsupported: %s", facts.Unsupported)
+	}
+	// The probe runs in the image as containerd holds it; it must be there.
+	cfg, err := p.rt.ImageConfig(ctx, image, facts.Platform)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("%w: %w", ErrNotPulled, err)
+		}
+		return nil, err
+	}
+	pins, err := p.rt.Pins(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t := &ProbeTarget{Image: image, Node: facts}
+	pin := pinNamed(pins, image)
+	found := false
+	if pin != nil {
+		found = p.fromPin(ctx, t, pin, as)
+	}
+	if !found {
+		set, rerr := p.opts.Resolver.Resolve(ctx, image)
+		var v *images.Variant
+		if rerr == nil {
+			v = variantOn(set, facts.Platform)
+		}
+		if v == nil {
+			// The registry did not answer (or holds another image under
+			// the name now): the image's config is what there is, read as
+			// an image without annotations is read.
+			md, _, derr := images.DeriveMetadata(cfg.Env, cfg.Labels)
+			if derr != nil {
+				md = images.Metadata{Engine: cfg.Labels[images.AnnotationEngine], EngineVersion: cfg.Labels[images.AnnotationEngineVersion],
+					Probe: cfg.Labels[images.AnnotationProbe], ProbeExec: cfg.Labels[images.AnnotationProbeExec]}
+			}
+			v = &images.Variant{Metadata: md}
+			set = &images.Set{Variants: []images.Variant{*v}}
+			t.From = "the image's own config in containerd"
+			if rerr != nil {
+				t.From += fmt.Sprintf(" (the registry did not answer: %v)", rerr)
+			}
+		} else {
+			t.From = "the registry: " + image
+		}
+		var pl Plan
+		pl.name(w, ref, set)
+		t.Engine, t.Key, t.NamedBy = pl.Engine, pl.Key, pl.NamedBy
+		if pin != nil && as.Engine == "" {
+			t.Key, t.NamedBy = pin.Key, NamedByPin
+			t.Engine, _, _ = strings.Cut(pin.Key, ":")
+		}
+		if v.Probe == "" && pin != nil && pin.Probe != string(probe.Sim) {
+			// The probe that proved the pin, when nothing else names one.
+			v.Probe = pin.Probe
+		}
+		t.Meta, t.Variant = v.Metadata, v.Variant
+	}
+	if as.Probe != "" {
+		if _, err := probe.Select(as.Probe, "", ""); err != nil {
+			return nil, fmt.Errorf("%w: probe: %v", ErrInvalidWant, err)
+		}
+		t.Meta.Probe = as.Probe
+	}
+	if t.Probe, err = p.probeKind(t.Meta, t.Engine); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// fromPin fills t from the index entry a pin was chosen from: its source,
+// or the image an override put in its place. It reports whether the entry
+// was found there.
+func (p *Provisioner) fromPin(ctx context.Context, t *ProbeTarget, pin *runtime.Pin, as ProbeAs) bool {
+	sources := []string{pin.Source}
+	if ov, err := images.ParseOverride(pin.Override); err == nil && ov.Kind == images.OverrideImage {
+		sources = append(sources, ov.Image)
+	}
+	for _, src := range sources {
+		set, err := p.opts.Resolver.Resolve(ctx, src)
+		if err != nil {
+			continue
+		}
+		for _, v := range set.Variants {
+			if v.Digest != pin.Digest || v.Invalid != "" {
+				continue
+			}
+			t.Key, t.NamedBy = pin.Key, NamedByPin
+			t.Engine, _, _ = strings.Cut(pin.Key, ":")
+			if as.Engine != "" {
+				t.Engine, t.NamedBy = as.Engine, NamedByWant
+			}
+			t.Meta, t.Variant = v.Metadata, v.Variant
+			t.From = "the registry: " + src + ", the source of pin " + pin.Key
+			return true
+		}
+	}
+	return false
+}
+
+// probeKind is the probe a provision runs for a variant of engine (the
+// selection Probe makes): the variant's io.gpupin.probe, else the engine
+// family's, else the default probe.
+func (p *Provisioner) probeKind(meta images.Metadata, engine string) (probe.Kind, error) {
+	return probe.Select(meta.Probe, probe.EngineFamily(engine), p.opts.DefaultProbe)
+}
+
+// pinNamed is the pin an image name is: its digested reference or its
+// node-local name.
+func pinNamed(pins []runtime.Pin, name string) *runtime.Pin {
+	for i := range pins {
+		if pins[i].Tampered {
+			continue
+		}
+		if pins[i].Ref == name || (pins[i].Local != "" && pins[i].Local == name) {
+			return &pins[i]
+		}
+	}
+	return nil
+}
+
+// variantOn is the variant containerd runs from a record of the set on a
+// platform: the first valid entry for it (a single image is its own).
+func variantOn(set *images.Set, platform string) *images.Variant {
+	for i, v := range set.Variants {
+		if v.Invalid == "" && images.PlatformMatches(v.Platform, platform) {
+			return &set.Variants[i]
+		}
+	}
+	return nil
+}
