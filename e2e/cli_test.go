@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
@@ -215,6 +217,50 @@ func TestCLISimulatedFailedForcedVariantPrintsTheEarlierPin(t *testing.T) {
 	pins, err := testenv.Runtime(t).Pins(context.Background())
 	if err != nil || len(pins) != 1 || pins[0].Ref != pinned || pins[0].Variant != "cu129" {
 		t.Fatalf("pins after the failed forced variant: %+v, %v; want the cu129 pin kept", pins, err)
+	}
+}
+
+// gpupin run never starts a record whose target was changed outside
+// gpupin, by key or by reference: it exits 1 saying the record was
+// tampered with, and the replica's command never runs.
+func TestCLISimulatedRunRefusesATamperedRecord(t *testing.T) {
+	reg := testenv.Registry(t)
+	v := sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "9.0"}
+	for _, e := range []string{"eng", "other"} {
+		if _, err := sandbox.PublishEngine(context.Background(), reg.Host, e, "5.0", []sandbox.EngineVariant{v}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newCLI(t, reg)
+	out, code := c.run("provision", reg.Host+"/eng:5.0", reg.Host+"/other:5.0", "--json")
+	var sts []provision.Status
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &sts); code != 0 || err != nil || len(sts) != 2 {
+		t.Fatalf("provision: exit %d, %v:\n%s", code, err, out)
+	}
+	rt := testenv.Runtime(t)
+	ctx := namespaces.WithNamespace(context.Background(), rt.Namespace())
+	is := rt.Client().ImageService()
+	rec, err := is.Get(ctx, sts[0].Pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherRec, err := is.Get(ctx, sts[1].Pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Target = otherRec.Target // labels kept
+	if _, err := is.Update(ctx, rec, "target"); err != nil {
+		t.Fatal(err)
+	}
+	for _, target := range []string{"eng:5.0", sts[0].Pinned, reg.Host + "/eng:5.0"} {
+		out, code := c.run("run", target, "--", "/bin/sh", "-c", "echo REPLICA-RAN")
+		if code != 1 || !strings.Contains(out, "tampered pin record") || strings.Contains(out, "REPLICA-RAN") {
+			t.Errorf("run %s: exit %d; want 1, a tampered record refused, no replica:\n%s", target, code, out)
+		}
+	}
+	// The untampered pin still runs.
+	if out, code := c.run("run", "other:5.0", "--", "/bin/sh", "-c", "echo REPLICA-RAN"); code != 0 || !strings.Contains(out, "REPLICA-RAN") {
+		t.Fatalf("run other:5.0: exit %d:\n%s", code, out)
 	}
 }
 

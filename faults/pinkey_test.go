@@ -279,7 +279,23 @@ func TestSimulatedRepointedPinIsTampered(t *testing.T) {
 		t.Error("pins does not show the repointed record at all")
 	}
 	if _, err := rt.GetPin(ctx, "demo:1.0"); !errors.Is(err, runtime.ErrTampered) {
-		t.Fatalf("GetPin (what run uses): %v; want ErrTampered", err)
+		t.Fatalf("GetPin: %v; want ErrTampered", err)
+	}
+	// What `gpupin run` looks a target up with: by key, reference or
+	// source, the tampered record is refused, and errors.Is sees it from
+	// either package.
+	for _, target := range []string{"demo:1.0", st.Pinned, ref} {
+		pin, err := rt.PinToRun(ctx, target)
+		if !errors.Is(err, runtime.ErrTampered) || !errors.Is(err, provision.ErrTampered) || pin != nil {
+			t.Fatalf("PinToRun(%s) = %+v, %v; want ErrTampered", target, pin, err)
+		}
+	}
+	if pin, err := rt.PinToRun(ctx, "other:1.0"); err != nil || pin == nil || pin.Ref != o.Pinned {
+		t.Fatalf("PinToRun(other:1.0) = %+v, %v; want the other engine's pin", pin, err)
+	}
+	// And Run itself refuses the record, whoever looked it up.
+	if _, err := rt.Run(ctx, runtime.RunSpec{Image: st.Pinned, Args: []string{"true"}, Role: "replica"}); !errors.Is(err, runtime.ErrTampered) {
+		t.Fatalf("Run of the repointed record: %v; want ErrTampered", err)
 	}
 	again := p.Provision(ctx, provision.Want{Ref: ref})
 	if again.FromPin || again.State == provision.Ready {
@@ -301,6 +317,67 @@ func TestSimulatedRepointedPinIsTampered(t *testing.T) {
 	mustReady(t, p.Provision(ctx, provision.Want{Ref: ref}))
 	if pin, err := rt.GetPin(ctx, "demo:1.0"); err != nil || pin == nil || pin.Tampered {
 		t.Fatalf("after gc and a new provision: %+v %v", pin, err)
+	}
+}
+
+// A tampered record is no pin, yet it holds its key against another
+// source's metadata until an operator unpins it: the claim is refused with
+// a reason that says so, and after unpin the claim goes through.
+func TestSimulatedTamperedRecordHoldsItsKey(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	rt := testenv.Runtime(t)
+	good := publishAs(t, reg.Host, "good", "demo", "1.0", cu129)
+	third := publishAs(t, reg.Host, "thirdparty", "demo", "1.0", cu129)
+	other := publish(t, reg, "other", cu129)
+	p := newProvisioner(t, rt, testenv.NewNode(h100("580.82.07")), 0)
+	st := p.Provision(ctx, provision.Want{Ref: good})
+	mustReady(t, st)
+	o := p.Provision(ctx, provision.Want{Ref: other})
+	mustReady(t, o)
+	is := rt.Client().ImageService()
+	rec, err := is.Get(nsCtx(rt), st.Pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherRec, err := is.Get(nsCtx(rt), o.Pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Target = otherRec.Target
+	if _, err := is.Update(nsCtx(rt), rec, "target"); err != nil {
+		t.Fatal(err)
+	}
+
+	claim := p.Provision(ctx, provision.Want{Ref: third})
+	if claim.State != provision.Failed || !errors.Is(claim.Err, provision.ErrConflict) || claim.Conflict == nil || !claim.Conflict.Tampered {
+		t.Fatalf("claim on a key held by a tampered record: %s (conflict %+v); want a conflict", claim, claim.Conflict)
+	}
+	if claim.Conflict.Held != good || claim.Conflict.HeldRef != st.Pinned || claim.Conflict.Claimed != third {
+		t.Fatalf("conflict %+v; want held %s (%s), claimed %s", claim.Conflict, good, st.Pinned, third)
+	}
+	for _, s := range []string{"changed outside gpupin", "until an operator unpins", "gpupin unpin demo:1.0", good, third} {
+		if !strings.Contains(claim.Detail, s) {
+			t.Errorf("detail lacks %q: %s", s, claim.Detail)
+		}
+	}
+	if len(claim.Attempts) != 0 {
+		t.Errorf("refused only after pulling: %+v", claim.Attempts)
+	}
+	if pl, err := p.Plan(ctx, provision.Want{Ref: third}); err != nil || pl.Outcome != provision.OutcomeConflict {
+		t.Fatalf("plan of the claim: %+v, %v; want a conflict", pl, err)
+	}
+	if l := labelsOf(t, rt, st.Pinned); l[runtime.LabelPin] != "demo:1.0" {
+		t.Fatalf("the tampered record lost its key: %v", l)
+	}
+
+	// The operator unpins: the key is free, and the claim goes through.
+	if _, err := rt.Unpin(ctx, "demo:1.0"); err != nil {
+		t.Fatal(err)
+	}
+	mustReady(t, p.Provision(ctx, provision.Want{Ref: third}))
+	if pin, err := rt.PinToRun(ctx, "demo:1.0"); err != nil || pin.Source != third {
+		t.Fatalf("after unpin: %+v, %v; want the pin from %s", pin, err, third)
 	}
 }
 

@@ -224,6 +224,64 @@ func (r *Runtime) GetPin(ctx context.Context, key string) (*Pin, error) {
 // ErrTampered marks a record whose target is not the digest its name says.
 var ErrTampered = errors.New("tampered pin record")
 
+// ErrNoPin marks a target that no pin answers to.
+var ErrNoPin = errors.New("no pin")
+
+// PinToRun is the pin a replica of target starts from (what `gpupin run`
+// uses): target is a key (engine:version), a pinned reference
+// (repo@sha256:…) or the source a pin was made from. A tampered record is
+// never the answer: when only such a record answers, the error wraps
+// ErrTampered; when none does, ErrNoPin.
+func (r *Runtime) PinToRun(ctx context.Context, target string) (*Pin, error) {
+	pins, err := r.Pins(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return FindPin(pins, target)
+}
+
+// FindPin picks target's pin from pins (as Pins lists them), as PinToRun
+// does. The most specific match decides: a reference, then a key, then a
+// source; within one, an untampered record wins, and a tampered one alone
+// is refused rather than passed over, so a name never falls through to
+// another image.
+func FindPin(pins []Pin, target string) (*Pin, error) {
+	matchers := []func(Pin) bool{
+		func(p Pin) bool { return p.Ref == target },
+		func(p Pin) bool { return p.Key == target },
+		func(p Pin) bool { return p.Source == target },
+	}
+	for _, match := range matchers {
+		var bad *Pin
+		for i := range pins {
+			if !match(pins[i]) {
+				continue
+			}
+			if !pins[i].Tampered {
+				p := pins[i]
+				return &p, nil
+			}
+			if bad == nil {
+				bad = &pins[i]
+			}
+		}
+		if bad != nil {
+			return nil, fmt.Errorf("%w: %s is labelled the pin of %s but points at %s, not the image its name says; it was changed outside gpupin and is never run: "+
+				"gpupin unpin %s or gpupin gc removes it, then provision again", ErrTampered, bad.Ref, bad.Key, bad.Digest, bad.Key)
+		}
+	}
+	var keys []string
+	for _, p := range pins {
+		if !p.Tampered {
+			keys = append(keys, p.Key)
+		}
+	}
+	if len(keys) == 0 {
+		keys = []string{"none"}
+	}
+	return nil, fmt.Errorf("%s has no pin (%w; pinned: %s); run gpupin provision first", target, ErrNoPin, strings.Join(keys, ", "))
+}
+
 // SetPinOptions tune SetPin.
 type SetPinOptions struct {
 	// Takeover lets the pin replace a pin of the key made from another
@@ -273,7 +331,9 @@ func (r *Runtime) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
 	}
 	if !opts.Takeover {
 		for _, o := range others {
-			if op := pinFromImage(o); o.Name != p.Ref && !op.Tampered && op.Source != p.Source {
+			// A tampered record holds its key too, until an operator
+			// unpins it: it is nobody's to take by metadata.
+			if op := pinFromImage(o); o.Name != p.Ref && op.Source != p.Source {
 				return fmt.Errorf("pin %s: %w: it is pinned from %s (%s), not %s", p.Key, ErrHeld, op.Source, o.Name, p.Source)
 			}
 		}
