@@ -192,6 +192,62 @@ func TestSimulatedConcurrentClaimsLeaveOnePin(t *testing.T) {
 	}
 }
 
+// A pin step that finds the key taken by a provision in another lock
+// directory (it passed the check before the other pinned) is a conflict
+// naming the holder, and no further candidate is pulled or probed: the
+// candidate loop stops at the first refusal.
+func TestSimulatedPinRaceAcrossLockDirsIsAConflict(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		first provision.Want // pins while the second is being probed
+	}{
+		{"holder claimed by metadata", provision.Want{}},
+		{"holder named in its want", provision.Want{Engine: "demo", Version: "1.0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := testenv.Registry(t)
+			rt := testenv.Runtime(t)
+			a := publishAs(t, reg.Host, "a", "demo", "1.0", testenv.CU13, cu129)
+			b := publishAs(t, reg.Host, "b", "demo", "1.0", testenv.CU13, cu129)
+			mk := func(opts ...provision.Option) *provision.Provisioner {
+				return provision.New(rt, append([]provision.Option{provision.WithNode(testenv.NewNode(h100("580.82.07"))),
+					provision.WithOverrides(provision.NoOverrides()), provision.WithLockDir(t.TempDir()), provision.WithProbeDir(t.TempDir())}, opts...)...)
+			}
+			first := tc.first
+			first.Ref = a
+			var held provision.Status
+			probing := 0
+			second := mk(provision.WithOnState(func(st provision.Status) {
+				if st.State == provision.Probing {
+					if probing++; probing == 1 {
+						// The first provision pins the key while the second
+						// one's candidate is being probed.
+						held = mk().Provision(ctx, first)
+					}
+				}
+			}))
+			st := second.Provision(ctx, provision.Want{Ref: b})
+			mustReady(t, held)
+			if st.State != provision.Failed || !errors.Is(st.Err, provision.ErrConflict) || !errors.Is(st.Err, runtime.ErrHeld) {
+				t.Fatalf("second: %s (err %v); want a conflict", st, st.Err)
+			}
+			if st.Conflict == nil || st.Conflict.Held != a || st.Conflict.Claimed != b || st.Conflict.HeldRef != held.Pinned || !st.Conflict.Race {
+				t.Fatalf("conflict %+v; want held %s (%s), claimed %s", st.Conflict, a, held.Pinned, b)
+			}
+			if len(st.Attempts) != 1 || st.Attempts[0].Stage != "pin" || probing != 1 {
+				t.Fatalf("attempts %+v, %d probes; want the first candidate refused at pin and no other tried", st.Attempts, probing)
+			}
+			if !strings.Contains(st.Detail, "unpin demo:1.0") {
+				t.Errorf("detail does not say what to do: %s", st.Detail)
+			}
+			if pin, err := rt.PinToRun(ctx, "demo:1.0"); err != nil || pin.Ref != held.Pinned {
+				t.Fatalf("pin after the race: %+v, %v; want %s", pin, err, held.Pinned)
+			}
+		})
+	}
+}
+
 // SetPin itself is safe against a concurrent one of the same key, for
 // callers that share no lock: exactly one record ends up the pin.
 func TestConcurrentSetPinLeavesOnePin(t *testing.T) {

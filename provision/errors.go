@@ -44,7 +44,11 @@ type ConflictError struct {
 	// Race: the holder's pin landed while the claimant was being proved
 	// (another process, another lock directory); nothing was displaced.
 	Race bool `json:",omitempty"`
+
+	cause error // runtime's *HeldError, for a race
 }
+
+func (e *ConflictError) Unwrap() error { return e.cause }
 
 func (e *ConflictError) Error() string {
 	switch {

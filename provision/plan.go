@@ -293,8 +293,11 @@ func checkHeld(pl *Plan, w Want, pins []runtime.Pin, facts *node.Facts) error {
 }
 
 func namedWhat(by string) string {
-	if by == NamedByMetadata {
+	switch by {
+	case NamedByMetadata:
 		return "io.gpupin.engine and io.gpupin.engine.version metadata"
+	case NamedByWant:
+		return "want's engine and version"
 	}
 	return "repository name and tag"
 }

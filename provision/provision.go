@@ -185,6 +185,12 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 		}
 		st.Attempts = append(st.Attempts, *attempt)
 		p.opts.Logger.Warn("candidate failed", "key", st.Key, "variant", c.Variant, "stage", attempt.Stage, "reason", firstLine(attempt.Reason))
+		if errors.Is(attempt.Err, ErrConflict) {
+			// The key was pinned meanwhile by a provision that does not
+			// share this lock directory: no other candidate changes whose
+			// key it is, so none is pulled.
+			return p.raced(ctx, st, w, facts, attempt.Err)
+		}
 		if ctx.Err() != nil || pl.override.Kind == images.OverrideVariant {
 			// A forced variant gets no fallback; an operator's image is
 			// chosen among as auto chooses, so its next variant is tried.
@@ -205,6 +211,28 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 		return st
 	}
 	return st.fail(attemptErrors(st.Attempts, detail))
+}
+
+// raced ends a provision whose pin step found the key taken by another
+// provision: ready when that pin answers this want as it is (the same
+// source), else a conflict naming the holder.
+func (p *Provisioner) raced(ctx context.Context, st Status, w Want, facts *node.Facts, conflict error) Status {
+	if pins, err := p.rt.Pins(ctx); err == nil {
+		if pin, _ := p.pinFor(w, pins, facts); pin != nil {
+			return st.ready(*pin, true, fmt.Sprintf("pinned %s (%s) by another provision meanwhile", pin.Ref, pin.Variant))
+		}
+	}
+	return st.fail(conflict)
+}
+
+// heldConflict is SetPin's refusal as provision's conflict.
+func heldConflict(err error, pl *Plan, w Want) error {
+	var held *runtime.HeldError
+	if !errors.As(err, &held) {
+		return err
+	}
+	return &ConflictError{Key: held.Key, Held: held.Source, HeldRef: held.Ref, Claimed: w.Ref,
+		NamedBy: namedWhat(pl.NamedBy), Tampered: held.Tampered, Race: true, cause: held}
 }
 
 // cause says why ctx ended, when it did: the provision timeout reads
@@ -269,7 +297,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		err = p.rt.SetPin(pctx, pin, runtime.SetPinOptions{Takeover: pl.NamedBy == NamedByWant})
 		cancel()
 		if err != nil {
-			fail("pin", err, "")
+			fail("pin", heldConflict(err, pl, w), "")
 			if pulled.Created {
 				p.rt.DiscardCandidate(context.WithoutCancel(ctx), pulled.Name)
 			}

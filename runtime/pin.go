@@ -296,6 +296,34 @@ var ErrHeld = errors.New("pin key held from another source")
 // ErrSuperseded marks a pin another provision of the key replaced at once.
 var ErrSuperseded = errors.New("superseded by a newer pin of the key")
 
+// HeldError is a SetPin that did not make its pin because another record
+// of the key stands: one from another source (ErrHeld), or a newer pin
+// that landed at once (ErrSuperseded). It names that record, so a caller
+// can say whose the key is.
+type HeldError struct {
+	Key        string
+	Ref        string // the record that holds the key
+	Source     string // the source it was pinned from
+	Claimed    string // the source of the pin refused
+	Tampered   bool   // the holder was repointed outside gpupin
+	Superseded bool
+}
+
+func (e *HeldError) Error() string {
+	if e.Superseded {
+		return fmt.Sprintf("pin %s: %v (%s, from %s)", e.Key, ErrSuperseded, e.Ref, e.Source)
+	}
+	what := ""
+	if e.Tampered {
+		what = ", a record changed outside gpupin that holds the key until it is unpinned"
+	}
+	return fmt.Sprintf("pin %s: %v: it is pinned from %s (%s%s), not %s", e.Key, ErrHeld, e.Source, e.Ref, what, e.Claimed)
+}
+
+func (e *HeldError) Is(target error) bool {
+	return (target == ErrHeld && !e.Superseded) || (target == ErrSuperseded && e.Superseded)
+}
+
 // SetPin makes p.Ref the pin of p.Key: one update sets every label on the
 // record (containerd applies it atomically), then other records of the
 // key are demoted to previous. Only a probe that passed may call this.
@@ -334,7 +362,7 @@ func (r *Runtime) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
 			// A tampered record holds its key too, until an operator
 			// unpins it: it is nobody's to take by metadata.
 			if op := pinFromImage(o); o.Name != p.Ref && op.Source != p.Source {
-				return fmt.Errorf("pin %s: %w: it is pinned from %s (%s), not %s", p.Key, ErrHeld, op.Source, o.Name, p.Source)
+				return &HeldError{Key: p.Key, Ref: o.Name, Source: op.Source, Claimed: p.Source, Tampered: op.Tampered}
 			}
 		}
 	}
@@ -369,7 +397,7 @@ func (r *Runtime) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
 			// A newer pin of the key landed meanwhile: it stands, this
 			// one steps back.
 			r.demote(ctx, updated, p.Key)
-			return fmt.Errorf("pin %s: %w (%s)", p.Key, ErrSuperseded, o.Name)
+			return &HeldError{Key: p.Key, Ref: o.Name, Source: op.Source, Claimed: p.Source, Superseded: true}
 		}
 	}
 	// An older previous of this key is superseded: gc keeps one for rollback.
