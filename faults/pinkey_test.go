@@ -25,6 +25,16 @@ func publishAs(t *testing.T, host, repo, engine, version string, vs ...sandbox.E
 	return fmt.Sprintf("%s/%s/%s:%s", host, repo, engine, version)
 }
 
+// publishRepo pushes an engine under repo:VERSION (repo = host/path, its
+// last element anything) whose metadata names engine:version.
+func publishRepo(t *testing.T, repo, engine, version string, vs ...sandbox.EngineVariant) string {
+	t.Helper()
+	if _, err := sandbox.PublishEngineAs(context.Background(), repo, engine, version, vs); err != nil {
+		t.Fatal(err)
+	}
+	return repo + ":" + version
+}
+
 // childOf is the first variant's repo@sha256 reference.
 func childOf(ctx context.Context, ref string) (string, error) {
 	set, err := (&gimages.Resolver{}).Resolve(ctx, ref)
@@ -132,13 +142,15 @@ func TestSimulatedTwoWantsOneKeyDoNotAlternate(t *testing.T) {
 // Two provisions of one key from different sources at once, in different
 // processes (separate provisioners sharing a lock directory): never both
 // ready with no pin left. Each round ends with exactly one pin of the key,
-// from the source that was reported ready.
+// from the source that was reported ready. The sources' repositories end
+// in different names (demo, other), so only a lock by the pin key, not
+// one by the repository's last element, serialises them.
 func TestSimulatedConcurrentClaimsLeaveOnePin(t *testing.T) {
 	ctx := context.Background()
 	reg := testenv.Registry(t)
 	rt := testenv.Runtime(t)
-	a := publishAs(t, reg.Host, "a", "demo", "1.0", cu129)
-	b := publishAs(t, reg.Host, "b", "demo", "1.0", cu129)
+	a := publishRepo(t, reg.Host+"/a/demo", "demo", "1.0", cu129)
+	b := publishRepo(t, reg.Host+"/b/other", "demo", "1.0", cu129)
 	lockDir := t.TempDir()
 	mk := func() *provision.Provisioner {
 		return provision.New(rt, provision.WithNode(testenv.NewNode(h100("580.82.07"))), provision.WithOverrides(provision.NoOverrides()),
@@ -181,6 +193,11 @@ func TestSimulatedConcurrentClaimsLeaveOnePin(t *testing.T) {
 			}
 			if st.State != provision.Ready && !errors.Is(st.Err, provision.ErrConflict) {
 				t.Fatalf("round %d: %s", round, st)
+			}
+			if round%2 == 1 && st.State != provision.Ready && len(st.Attempts) != 0 {
+				// Under the key's lock the claim waits, then finds the
+				// pin: it is refused before anything is pulled.
+				t.Fatalf("round %d: the refused claim pulled while the other held the key: %+v", round, st.Attempts)
 			}
 		}
 		if !last {
