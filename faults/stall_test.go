@@ -2,7 +2,9 @@ package faults
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -76,6 +78,83 @@ func TestFaultLayerTrickledSimulated(t *testing.T) {
 		t.Errorf("no status said the pull stalled: %q", seen)
 	}
 	t.Logf("failed after %s: %s", took.Round(time.Second), st.Detail)
+}
+
+// A pull's status judges a stall by the registry policy's StallBytes, not
+// a fixed 32 KiB: a layer served at 512 KiB/s (containerd writes what it
+// fetched in 1 MiB pieces, so the status sees a 1 MiB step every 2 s) is
+// moving by the default rule, and stalled under a policy that asks for
+// 5 MiB (which cuts nothing here: its window is 30 s).
+func TestFaultPullStatusFollowsThePolicysStallRuleSimulated(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		stallBytes  int64 // 0: the default
+		wantStalled bool
+	}{
+		{"default rule", 0, false},
+		{"5 MiB asked", 5 << 20, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			reg := testenv.Registry(t)
+			l, err := sandbox.RandomLayer(3 << 20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dg, _ := l.Digest()
+			rc, err := l.Compressed()
+			if err != nil {
+				t.Fatal(err)
+			}
+			blob, err := io.ReadAll(rc)
+			rc.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := cu129
+			v.Layers = []v1.Layer{l}
+			ref := publish(t, reg, "demo", v)
+			reg.SetHook(func(w http.ResponseWriter, r *http.Request) bool {
+				if r.Method != http.MethodGet || !strings.HasSuffix(r.URL.Path, "/blobs/"+dg.String()) {
+					return false
+				}
+				w.Header().Set("Content-Length", strconv.Itoa(len(blob)))
+				w.WriteHeader(http.StatusOK)
+				for rest := blob; len(rest) > 0; {
+					n := min(128<<10, len(rest))
+					if _, err := w.Write(rest[:n]); err != nil {
+						return true
+					}
+					rest = rest[n:]
+					w.(http.Flusher).Flush()
+					select {
+					case <-r.Context().Done():
+						return true
+					case <-time.After(250 * time.Millisecond):
+					}
+				}
+				return true
+			})
+			policy := registry.New(registry.Config{StallTimeout: 30 * time.Second, StallBytes: tc.stallBytes})
+			rt := testenv.Runtime(t, runtime.WithRegistry(policy))
+			var mu sync.Mutex
+			var seen []string
+			p := provision.New(rt, provision.WithNode(testenv.NewNode(h100("580.82.07"))), provision.WithOverrides(provision.NoOverrides()),
+				provision.WithLockDir(t.TempDir()), provision.WithProbeDir(t.TempDir()),
+				provision.WithOnState(func(st provision.Status) { mu.Lock(); seen = append(seen, st.Detail); mu.Unlock() }))
+			st := p.Provision(ctx, provision.Want{Ref: ref})
+			mustReady(t, st)
+			mu.Lock()
+			defer mu.Unlock()
+			stalled := false
+			for _, d := range seen {
+				stalled = stalled || strings.Contains(d, "(stalled ")
+			}
+			if stalled != tc.wantStalled {
+				t.Fatalf("a status said stalled: %v, want %v: %q", stalled, tc.wantStalled, seen)
+			}
+		})
+	}
 }
 
 // Registries that never answer do not starve other engines: with two

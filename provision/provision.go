@@ -41,6 +41,9 @@ type Provisioner struct {
 	opts   config
 	flight singleflight.Group
 	keys   keyLocks
+	// stall is how the registry policy judges a stall (StallBytes in
+	// StallTimeout); a pull's status judges it alike.
+	stall registry.Config
 }
 
 // New makes a Provisioner over a runtime. Its defaults are the CLI's: NVML
@@ -53,12 +56,19 @@ func New(rt Runtime, opts ...Option) *Provisioner {
 			o(&c)
 		}
 	}
+	var policy *registry.Policy
+	if r, ok := rt.(interface{ Registry() *registry.Policy }); ok {
+		policy = r.Registry()
+	}
 	if c.Resolver == nil {
 		var remote images.Remote
-		if r, ok := rt.(interface{ Registry() *registry.Policy }); ok {
-			remote = r.Registry()
+		if policy != nil {
+			remote = policy
 		}
 		c.Resolver = &images.Resolver{Remote: remote}
+	}
+	if policy == nil {
+		policy = registry.New(registry.Config{}) // its defaults judge stalls
 	}
 	if c.Node == nil {
 		c.Node = node.NewReader()
@@ -66,7 +76,7 @@ func New(rt Runtime, opts ...Option) *Provisioner {
 	if c.Overrides == nil {
 		c.Overrides = NoOverrides()
 	}
-	return &Provisioner{rt: rt, opts: c}
+	return &Provisioner{rt: rt, opts: c, stall: policy.Config()}
 }
 
 // Provision brings one want to a pinned, proved image, or says why not.
@@ -310,20 +320,27 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 	return pin, verdict, attempt
 }
 
-// pullWatch reports a pull that stopped moving (less than 32 KiB since
-// the last look), so a status says "stalled 40s" rather than a bare
-// "pulling" while the registry is silent or trickles.
+// pullWatch reports a pull that stopped moving (less than the registry
+// policy's StallBytes since the last look), so a status says "stalled 40s"
+// rather than a bare "pulling" while the registry is silent or trickles.
 // Once every byte is in, the pull is unpacking, which is not a stall.
 type pullWatch struct {
 	mu        sync.Mutex
 	last      time.Time
 	done      int64
+	minBytes  int64
 	unpacking bool
 	stopped   chan struct{}
 }
 
 func (p *Provisioner) watchPull(ctx context.Context, st Status) *pullWatch {
-	w := &pullWatch{last: time.Now(), stopped: make(chan struct{})}
+	w := &pullWatch{last: time.Now(), minBytes: p.stall.StallBytes, stopped: make(chan struct{})}
+	// Said after 5 s without progress, or sooner when the policy cuts a
+	// stall sooner, so the status says it before the pull fails.
+	after := min(5*time.Second, p.stall.StallTimeout/2)
+	if after < time.Second {
+		after = time.Second
+	}
 	go func() {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
@@ -343,9 +360,9 @@ func (p *Provisioner) watchPull(ctx context.Context, st Status) *pullWatch {
 			switch {
 			case unpacking:
 				detail = base + " (unpacking)"
-			case idle >= 5*time.Second:
+			case idle >= after:
 				// In coarse steps: each is a change reported and logged.
-				step := 5 * time.Second
+				step := after
 				if idle >= 30*time.Second {
 					step = 30 * time.Second
 				}
@@ -365,7 +382,7 @@ func (w *pullWatch) progress(pr runtime.Progress) {
 	defer w.mu.Unlock()
 	// A byte now and then is no progress: as the registry policy judges a
 	// stall, so does the status.
-	if pr.Done-w.done >= registry.DefaultStallBytes || (pr.Done != w.done && pr.Done >= pr.Total) {
+	if pr.Done-w.done >= w.minBytes || (pr.Done != w.done && pr.Done >= pr.Total) {
 		w.done, w.last = pr.Done, time.Now()
 	}
 	w.unpacking = pr.Layers > 0 && pr.Total > 0 && pr.Done >= pr.Total
