@@ -222,6 +222,54 @@ func TestAPISimulatedEndpointsAndErrors(t *testing.T) {
 	}
 }
 
+// A forced variant that fails beside an earlier pin of another variant:
+// the API's status and the pin-age metric name the pin's variant, and the
+// status says which was attempted.
+func TestAgentSimulatedFailedForcedVariantNamesThePinsVariant(t *testing.T) {
+	w := newWorld(t, "")
+	h := w.agent.Handler()
+	if code, _, body := do(t, h, "PUT", "/v1/wants", `{"wants":[{"engine":"demo","version":"1.0","ref":"`+w.ref+`"}]}`); code != 200 {
+		t.Fatalf("PUT /v1/wants: %d %s", code, body)
+	}
+	ready := w.waitFor(t, 30*time.Second, "ready", one(provision.Ready, "cu129"))
+	// cu13 on this CUDA 12.9 driver: forced, probed, failed.
+	if code, _, body := do(t, h, "PUT", "/v1/overrides/demo", `{"override":"cu13"}`); code != 200 {
+		t.Fatalf("PUT /v1/overrides/demo: %d %s", code, body)
+	}
+	w.waitFor(t, 30*time.Second, "failed", func(sts []provision.Status) bool {
+		return len(sts) == 1 && sts[0].State == provision.Failed
+	})
+	code, _, body := do(t, h, "GET", "/v1/status", "")
+	var raw struct {
+		Engines []map[string]any `json:"engines"`
+	}
+	if code != 200 || json.Unmarshal(body, &raw) != nil || len(raw.Engines) != 1 {
+		t.Fatalf("GET /v1/status: %d %s", code, body)
+	}
+	if e := raw.Engines[0]; e["pinned"] != ready[0].Pinned || e["variant"] != "cu129" || e["attempted"] != "cu13" {
+		t.Fatalf("status: pinned %v, variant %v, attempted %v; want %s, cu129, cu13", e["pinned"], e["variant"], e["attempted"], ready[0].Pinned)
+	}
+	fams, err := w.metrics.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, f := range fams {
+		if f.GetName() != "gpupin_pin_age_seconds" {
+			continue
+		}
+		for _, m := range f.Metric {
+			found = true
+			if label(m, "variant") != "cu129" {
+				t.Errorf("pin age labelled variant %q; want the pin's cu129", label(m, "variant"))
+			}
+		}
+	}
+	if !found {
+		t.Error("no pin age metric beside the earlier pin")
+	}
+}
+
 func counterSum(f *dto.MetricFamily, name, value string) float64 {
 	var sum float64
 	for _, m := range f.Metric {

@@ -198,6 +198,16 @@ func TestCLISimulatedFailedForcedVariantPrintsTheEarlierPin(t *testing.T) {
 	}
 	pinned := sts[0].Pinned
 
+	// In JSON too: the variant beside the pinned reference is the pin's.
+	out, code = c.run("provision", ref, "--override", "cu13", "--json")
+	sts = nil
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &sts); code != 1 || err != nil || len(sts) != 1 {
+		t.Fatalf("forced cu13 --json: exit %d, %v:\n%s", code, err, out)
+	}
+	if st := sts[0]; st.Pinned != pinned || st.Variant != "cu129" || st.Attempted != "cu13" {
+		t.Fatalf("forced cu13 --json: pinned %s (%s), attempted %q; want %s (cu129), attempted cu13:\n%s", st.Pinned, st.Variant, st.Attempted, pinned, out)
+	}
+
 	out, code = c.run("provision", ref, "--override", "cu13")
 	if code != 1 || !strings.Contains(out, "eng:4.0: FAILED") {
 		t.Fatalf("forced cu13 with a failing probe: exit %d, want 1 and FAILED:\n%s", code, out)

@@ -215,8 +215,9 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 		detail += "; the earlier pin " + old.Ref + " (" + old.Variant + ") is unchanged"
 		st = st.fail(attemptErrors(st.Attempts, detail))
 		if holds(old, facts) {
-			// Still proved on this node as it is: replicas may keep starting from it.
-			st.Pin, st.Pinned = old, old.Ref
+			// Still proved on this node as it is: replicas may keep
+			// starting from it, and it is named with its own variant.
+			st.Pin, st.Pinned, st.Variant = old, old.Ref, old.Variant
 		}
 		return st
 	}
@@ -265,7 +266,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: stage, Reason: err.Error(), Output: out, Err: err}
 	}
 	err := p.rt.WithLease(ctx, func(ctx context.Context) error {
-		st.State, st.Variant, st.Detail = Pulling, c.Variant, "pulling "+c.Ref
+		st.State, st.Attempted, st.Detail = Pulling, c.Variant, "pulling "+c.Ref
 		p.emit(*st)
 		watch := p.watchPull(ctx, *st)
 		pulled, err := p.rt.Pull(ctx, c.Ref, runtime.PullOptions{Platform: facts.Platform, MediaType: c.MediaType, Progress: func(pr runtime.Progress) {
