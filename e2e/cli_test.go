@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
@@ -271,6 +272,57 @@ func TestCLISimulatedRunRefusesATamperedRecord(t *testing.T) {
 	// The untampered pin still runs.
 	if out, code := c.run("run", "other:5.0", "--", "/bin/sh", "-c", "echo REPLICA-RAN"); code != 0 || !strings.Contains(out, "REPLICA-RAN") {
 		t.Fatalf("run other:5.0: exit %d:\n%s", code, out)
+	}
+}
+
+// --probe-memory and --probe-pids reach the probe's cgroup (memory+swap
+// bounded to the memory), --provision-timeout ends a stuck provision with
+// a reason that names it, and values that would mean no limit or no time
+// are refused (exit 2) rather than silently replaced.
+func TestCLISimulatedProbeLimitsAndProvisionTimeout(t *testing.T) {
+	reg := testenv.Registry(t)
+	hang := sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "9.0", SimProbe: "hang"}
+	if _, err := sandbox.PublishEngine(context.Background(), reg.Host, "eng", "6.0", []sandbox.EngineVariant{hang}); err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Host + "/eng:6.0"
+	c := newCLI(t, reg)
+	for _, tc := range []struct {
+		flag, value, want string
+	}{
+		{"--probe-memory", "0", "the probe always has a memory limit"},
+		{"--probe-memory", "0g", "the probe always has a memory limit"},
+		{"--probe-pids", "0", "the probe always has a pids limit"},
+		{"--provision-timeout", "0s", "want a positive duration"},
+		{"--probe-timeout", "0s", "want a positive duration"},
+	} {
+		t.Run(tc.flag+"="+tc.value, func(t *testing.T) {
+			out, code := c.run("provision", ref, tc.flag, tc.value)
+			if code != 2 || !strings.Contains(out, tc.want) {
+				t.Fatalf("exit %d, want 2 and %q:\n%s", code, tc.want, out)
+			}
+		})
+	}
+
+	type result struct {
+		out  string
+		code int
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, code := c.run("provision", ref, "--probe-memory", "96m", "--probe-pids", "50", "--provision-timeout", "8s")
+		done <- result{out, code}
+	}()
+	limits, err := testenv.ProbeCgroup(testenv.Runtime(t), 60*time.Second, func() bool { return len(done) > 0 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(limits, " "), strings.Join(testenv.LimitLines(96<<20, 50), " "); got != want {
+		t.Errorf("probe cgroup: %s; want %s", got, want)
+	}
+	r := <-done
+	if r.code != 1 || !strings.Contains(r.out, "provision took longer than 8s (provision timeout)") {
+		t.Fatalf("a hung probe under --provision-timeout 8s: exit %d, want 1 and the timeout named:\n%s", r.code, r.out)
 	}
 }
 
