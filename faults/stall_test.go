@@ -185,3 +185,79 @@ func TestFaultStuckRegistriesDoNotStarveOthersSimulated(t *testing.T) {
 	}
 	mustReady(t, sts[2])
 }
+
+// The agent's loop with two provision slots and two engines stuck on a
+// registry that never answers (one at its manifest, one mid-layer): the
+// third engine still gets a slot and is ready, and while they are stuck
+// their statuses say what they wait for (resolving, pulling … (stalled
+// N s)), never pending.
+func TestFaultStuckRegistriesDoNotStarveTheLoopSimulated(t *testing.T) {
+	good := testenv.Registry(t)
+	stuck := testenv.Registry(t)
+	goodRef := publish(t, good, "demo", cu129)
+	l, err := sandbox.RandomLayer(256 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dg, _ := l.Digest()
+	v := cu129
+	v.Layers = []v1.Layer{l}
+	a := publish(t, stuck, "a", cu129)
+	b := publish(t, stuck, "b", v)
+	stuck.SetHook(func(w http.ResponseWriter, r *http.Request) bool {
+		switch {
+		case strings.HasPrefix(r.URL.Path, "/v2/a/manifests/"):
+			<-r.Context().Done() // no headers, ever
+			return true
+		case strings.HasSuffix(r.URL.Path, "/v2/b/blobs/"+dg.String()) && r.Method == http.MethodGet:
+			w.Header().Set("Content-Length", "262144")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			<-r.Context().Done() // headers, then silence
+			return true
+		}
+		return false
+	})
+	policy := registry.New(registry.Config{HeaderTimeout: 10 * time.Second, StallTimeout: 14 * time.Second})
+	rt := testenv.Runtime(t, runtime.WithRegistry(policy))
+	p := newProvisioner(t, rt, testenv.NewNode(h100("580.82.07")), 0)
+	loop := provision.NewLoop(p, provision.LoopOptions{Parallel: 2, NoSweep: true})
+	if err := loop.SetWants([]provision.Want{{Ref: a}, {Ref: b}, {Ref: goodRef}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); loop.Run(ctx) }()
+	defer func() { cancel(); wg.Wait() }()
+
+	// While both slots are held by the stuck engines.
+	var resolving, stalled bool
+	waitFor(t, "the stuck engines to say what they wait for", func() bool {
+		sts := loop.Status()
+		if loop.InFlight() == 2 && sts[2].State == provision.Pending {
+			for _, st := range sts[:2] {
+				if st.State == provision.Pending {
+					t.Fatalf("a running engine shows pending: %s", st)
+				}
+			}
+			resolving = resolving || (sts[0].State == provision.Resolving && strings.HasPrefix(sts[0].Detail, "resolving "+a))
+			stalled = stalled || (sts[1].State == provision.Pulling && strings.Contains(sts[1].Detail, "(stalled 5s)"))
+		}
+		return resolving && stalled
+	})
+	start := time.Now()
+	waitFor(t, "the third engine to be ready", func() bool { return loop.Status()[2].State == provision.Ready })
+	t.Logf("third engine ready %s after the stuck ones were seen", time.Since(start).Round(100*time.Millisecond))
+	waitFor(t, "the stuck engines to fail", func() bool {
+		sts := loop.Status()
+		return sts[0].State == provision.Failed && sts[1].State == provision.Failed
+	})
+	sts := loop.Status()
+	if !strings.Contains(sts[0].Detail, "no answer in 10s") {
+		t.Errorf("manifest never answered: %s", sts[0])
+	}
+	if !strings.Contains(sts[1].Detail, "stalled") {
+		t.Errorf("layer stalled: %s", sts[1])
+	}
+}
