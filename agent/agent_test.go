@@ -239,6 +239,112 @@ func TestAPISimulatedEndpointsAndErrors(t *testing.T) {
 	}
 }
 
+// PUT /v1/wants refuses engine and version values of the wrong grammar,
+// and bad references, with 400 before anything is fetched: the registry
+// sees no request, and nothing is wanted or pinned.
+func TestAPISimulatedWantsRefusesBadNamesBeforeAnyPull(t *testing.T) {
+	w := newWorld(t, "")
+	h := w.agent.Handler()
+	var mu sync.Mutex
+	var requests []string
+	w.reg.SetHook(func(_ http.ResponseWriter, r *http.Request) bool {
+		mu.Lock()
+		requests = append(requests, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		return false
+	})
+	long := strings.Repeat("a", 4096)
+	for _, tc := range []struct {
+		name, engine, version, ref string
+		errText                    string
+	}{
+		{"engine with a control character", "de\x01mo", "1.0", w.ref, "not an engine name"},
+		{"engine with ESC", "\x1b[31mdemo", "1.0", w.ref, "not an engine name"},
+		{"engine with U+202E", "demo\u202e", "1.0", w.ref, "not an engine name"},
+		{"engine $(id)", "$(id)", "1.0", w.ref, "not an engine name"},
+		{"engine of 4 KiB", long, "1.0", w.ref, "not an engine name"},
+		{"version with U+200F", "demo", "\u200f1.0", w.ref, "not an engine version"},
+		{"version with ESC", "demo", "1.0\x1b", w.ref, "not an engine version"},
+		{"version $(id)", "demo", "$(id)", w.ref, "not an engine version"},
+		{"version of 4 KiB", "demo", long, w.ref, "not an engine version"},
+		{"bad digest", "demo", "1.0", w.reg.Host + "/demo@sha256:abc", "ref"},
+		{"digest not hex", "demo", "1.0", w.reg.Host + "/demo@sha256:" + strings.Repeat("zz", 32), "ref"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body, err := json.Marshal(agent.WantsRequest{Wants: []provision.Want{{Engine: tc.engine, Version: tc.version, Ref: tc.ref}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			code, _, out := do(t, h, "PUT", "/v1/wants", string(body))
+			var e agent.ErrorResponse
+			if code != 400 || json.Unmarshal(out, &e) != nil || !strings.Contains(e.Error, tc.errText) {
+				t.Fatalf("PUT /v1/wants: %d %s; want 400 with %q", code, out, tc.errText)
+			}
+		})
+	}
+	// Give a wrongly accepted want the time to start.
+	time.Sleep(500 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(requests) != 0 {
+		t.Errorf("the registry was asked: %v", requests)
+	}
+	if sts := w.agent.Status(); len(sts) != 0 {
+		t.Errorf("statuses after refused wants: %v", sts)
+	}
+	if pins, err := w.rt.Pins(context.Background()); err != nil || len(pins) != 0 {
+		t.Errorf("pins after refused wants: %v %v", pins, err)
+	}
+}
+
+// A forced variant that fails beside an earlier pin of another variant:
+// the API's status and the pin-age metric name the pin's variant, and the
+// status says which was attempted.
+func TestAgentSimulatedFailedForcedVariantNamesThePinsVariant(t *testing.T) {
+	w := newWorld(t, "")
+	h := w.agent.Handler()
+	if code, _, body := do(t, h, "PUT", "/v1/wants", `{"wants":[{"engine":"demo","version":"1.0","ref":"`+w.ref+`"}]}`); code != 200 {
+		t.Fatalf("PUT /v1/wants: %d %s", code, body)
+	}
+	ready := w.waitFor(t, 30*time.Second, "ready", one(provision.Ready, "cu129"))
+	// cu13 on this CUDA 12.9 driver: forced, probed, failed.
+	if code, _, body := do(t, h, "PUT", "/v1/overrides/demo", `{"override":"cu13"}`); code != 200 {
+		t.Fatalf("PUT /v1/overrides/demo: %d %s", code, body)
+	}
+	w.waitFor(t, 30*time.Second, "failed", func(sts []provision.Status) bool {
+		return len(sts) == 1 && sts[0].State == provision.Failed
+	})
+	code, _, body := do(t, h, "GET", "/v1/status", "")
+	var raw struct {
+		Engines []map[string]any `json:"engines"`
+	}
+	if code != 200 || json.Unmarshal(body, &raw) != nil || len(raw.Engines) != 1 {
+		t.Fatalf("GET /v1/status: %d %s", code, body)
+	}
+	if e := raw.Engines[0]; e["pinned"] != ready[0].Pinned || e["variant"] != "cu129" || e["attempted"] != "cu13" {
+		t.Fatalf("status: pinned %v, variant %v, attempted %v; want %s, cu129, cu13", e["pinned"], e["variant"], e["attempted"], ready[0].Pinned)
+	}
+	fams, err := w.metrics.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, f := range fams {
+		if f.GetName() != "gpupin_pin_age_seconds" {
+			continue
+		}
+		for _, m := range f.Metric {
+			found = true
+			if label(m, "variant") != "cu129" {
+				t.Errorf("pin age labelled variant %q; want the pin's cu129", label(m, "variant"))
+			}
+		}
+	}
+	if !found {
+		t.Error("no pin age metric beside the earlier pin")
+	}
+}
+
 func counterSum(f *dto.MetricFamily, name, value string) float64 {
 	var sum float64
 	for _, m := range f.Metric {

@@ -120,7 +120,9 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		seen[st.Key] = true
 		ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, 1, st.Key, string(st.State))
 		if st.Pin != nil && !st.Pin.ProbedAt.IsZero() {
-			ch <- prometheus.MustNewConstMetric(pinAgeDesc, prometheus.GaugeValue, now.Sub(st.Pin.ProbedAt).Seconds(), st.Key, st.Variant)
+			// The pin's own variant: a failed attempt of another one
+			// beside it is not what the age is of.
+			ch <- prometheus.MustNewConstMetric(pinAgeDesc, prometheus.GaugeValue, now.Sub(st.Pin.ProbedAt).Seconds(), st.Key, st.Pin.Variant)
 		}
 	}
 }

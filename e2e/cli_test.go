@@ -10,6 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
@@ -201,6 +204,16 @@ func TestCLISimulatedFailedForcedVariantPrintsTheEarlierPin(t *testing.T) {
 			}
 			pinned := sts[0].Pinned
 
+			// In JSON too: the variant beside the pinned reference is the pin's.
+			out, code = c.run("provision", ref, "--override", "cu13", "--json")
+			sts = nil
+			if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &sts); code != 1 || err != nil || len(sts) != 1 {
+				t.Fatalf("forced cu13 --json: exit %d, %v:\n%s", code, err, out)
+			}
+			if st := sts[0]; st.Pinned != pinned || st.Variant != "cu129" || st.Attempted != "cu13" {
+				t.Fatalf("forced cu13 --json: pinned %s (%s), attempted %q; want %s (cu129), attempted cu13:\n%s", st.Pinned, st.Variant, st.Attempted, pinned, out)
+			}
+
 			out, code = c.run("provision", ref, "--override", "cu13")
 			if code != 1 || !strings.Contains(out, "eng:4.0: FAILED") {
 				t.Fatalf("forced cu13 with a failing probe: exit %d, want 1 and FAILED:\n%s", code, out)
@@ -222,6 +235,101 @@ func TestCLISimulatedFailedForcedVariantPrintsTheEarlierPin(t *testing.T) {
 				t.Fatalf("pins after the failed forced variant: %+v, %v; want the cu129 pin kept", pins, err)
 			}
 		})
+	}
+}
+
+// gpupin run never starts a record whose target was changed outside
+// gpupin, by key or by reference: it exits 1 saying the record was
+// tampered with, and the replica's command never runs.
+func TestCLISimulatedRunRefusesATamperedRecord(t *testing.T) {
+	reg := testenv.Registry(t)
+	v := sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "9.0"}
+	for _, e := range []string{"eng", "other"} {
+		if _, err := sandbox.PublishEngine(context.Background(), reg.Host, e, "5.0", []sandbox.EngineVariant{v}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newCLI(t, reg)
+	out, code := c.run("provision", reg.Host+"/eng:5.0", reg.Host+"/other:5.0", "--json")
+	var sts []provision.Status
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &sts); code != 0 || err != nil || len(sts) != 2 {
+		t.Fatalf("provision: exit %d, %v:\n%s", code, err, out)
+	}
+	rt := testenv.Runtime(t)
+	ctx := namespaces.WithNamespace(context.Background(), rt.Namespace())
+	is := rt.Client().ImageService()
+	rec, err := is.Get(ctx, sts[0].Pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherRec, err := is.Get(ctx, sts[1].Pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Target = otherRec.Target // labels kept
+	if _, err := is.Update(ctx, rec, "target"); err != nil {
+		t.Fatal(err)
+	}
+	for _, target := range []string{"eng:5.0", sts[0].Pinned, reg.Host + "/eng:5.0"} {
+		out, code := c.run("run", target, "--", "/bin/sh", "-c", "echo REPLICA-RAN")
+		if code != 1 || !strings.Contains(out, "tampered pin record") || strings.Contains(out, "REPLICA-RAN") {
+			t.Errorf("run %s: exit %d; want 1, a tampered record refused, no replica:\n%s", target, code, out)
+		}
+	}
+	// The untampered pin still runs.
+	if out, code := c.run("run", "other:5.0", "--", "/bin/sh", "-c", "echo REPLICA-RAN"); code != 0 || !strings.Contains(out, "REPLICA-RAN") {
+		t.Fatalf("run other:5.0: exit %d:\n%s", code, out)
+	}
+}
+
+// --probe-memory and --probe-pids reach the probe's cgroup (memory+swap
+// bounded to the memory), --provision-timeout ends a stuck provision with
+// a reason that names it, and values that would mean no limit or no time
+// are refused (exit 2) rather than silently replaced.
+func TestCLISimulatedProbeLimitsAndProvisionTimeout(t *testing.T) {
+	reg := testenv.Registry(t)
+	hang := sandbox.EngineVariant{Name: "cu129", CUDA: "12.9", Archs: "9.0", SimProbe: "hang"}
+	if _, err := sandbox.PublishEngine(context.Background(), reg.Host, "eng", "6.0", []sandbox.EngineVariant{hang}); err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Host + "/eng:6.0"
+	c := newCLI(t, reg)
+	for _, tc := range []struct {
+		flag, value, want string
+	}{
+		{"--probe-memory", "0", "the probe always has a memory limit"},
+		{"--probe-memory", "0g", "the probe always has a memory limit"},
+		{"--probe-pids", "0", "the probe always has a pids limit"},
+		{"--provision-timeout", "0s", "want a positive duration"},
+		{"--probe-timeout", "0s", "want a positive duration"},
+	} {
+		t.Run(tc.flag+"="+tc.value, func(t *testing.T) {
+			out, code := c.run("provision", ref, tc.flag, tc.value)
+			if code != 2 || !strings.Contains(out, tc.want) {
+				t.Fatalf("exit %d, want 2 and %q:\n%s", code, tc.want, out)
+			}
+		})
+	}
+
+	type result struct {
+		out  string
+		code int
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, code := c.run("provision", ref, "--probe-memory", "96m", "--probe-pids", "50", "--provision-timeout", "8s")
+		done <- result{out, code}
+	}()
+	limits, err := testenv.ProbeCgroup(testenv.Runtime(t), 60*time.Second, func() bool { return len(done) > 0 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(limits, " "), strings.Join(testenv.LimitLines(96<<20, 50), " "); got != want {
+		t.Errorf("probe cgroup: %s; want %s", got, want)
+	}
+	r := <-done
+	if r.code != 1 || !strings.Contains(r.out, "provision took longer than 8s (provision timeout)") {
+		t.Fatalf("a hung probe under --provision-timeout 8s: exit %d, want 1 and the timeout named:\n%s", r.code, r.out)
 	}
 }
 

@@ -25,6 +25,16 @@ func publishAs(t *testing.T, host, repo, engine, version string, vs ...sandbox.E
 	return fmt.Sprintf("%s/%s/%s:%s", host, repo, engine, version)
 }
 
+// publishRepo pushes an engine under repo:VERSION (repo = host/path, its
+// last element anything) whose metadata names engine:version.
+func publishRepo(t *testing.T, repo, engine, version string, vs ...sandbox.EngineVariant) string {
+	t.Helper()
+	if _, err := sandbox.PublishEngineAs(context.Background(), repo, engine, version, vs); err != nil {
+		t.Fatal(err)
+	}
+	return repo + ":" + version
+}
+
 // childOf is the first variant's repo@sha256 reference.
 func childOf(ctx context.Context, ref string) (string, error) {
 	set, err := (&gimages.Resolver{}).Resolve(ctx, ref)
@@ -132,13 +142,15 @@ func TestSimulatedTwoWantsOneKeyDoNotAlternate(t *testing.T) {
 // Two provisions of one key from different sources at once, in different
 // processes (separate provisioners sharing a lock directory): never both
 // ready with no pin left. Each round ends with exactly one pin of the key,
-// from the source that was reported ready.
+// from the source that was reported ready. The sources' repositories end
+// in different names (demo, other), so only a lock by the pin key, not
+// one by the repository's last element, serialises them.
 func TestSimulatedConcurrentClaimsLeaveOnePin(t *testing.T) {
 	ctx := context.Background()
 	reg := testenv.Registry(t)
 	rt := testenv.Runtime(t)
-	a := publishAs(t, reg.Host, "a", "demo", "1.0", cu129)
-	b := publishAs(t, reg.Host, "b", "demo", "1.0", cu129)
+	a := publishRepo(t, reg.Host+"/a/demo", "demo", "1.0", cu129)
+	b := publishRepo(t, reg.Host+"/b/other", "demo", "1.0", cu129)
 	lockDir := t.TempDir()
 	mk := func() *provision.Provisioner {
 		return provision.New(rt, provision.WithNode(testenv.NewNode(h100("580.82.07"))), provision.WithOverrides(provision.NoOverrides()),
@@ -182,6 +194,11 @@ func TestSimulatedConcurrentClaimsLeaveOnePin(t *testing.T) {
 			if st.State != provision.Ready && !errors.Is(st.Err, provision.ErrConflict) {
 				t.Fatalf("round %d: %s", round, st)
 			}
+			if round%2 == 1 && st.State != provision.Ready && len(st.Attempts) != 0 {
+				// Under the key's lock the claim waits, then finds the
+				// pin: it is refused before anything is pulled.
+				t.Fatalf("round %d: the refused claim pulled while the other held the key: %+v", round, st.Attempts)
+			}
 		}
 		if !last {
 			t.Fatalf("round %d: the pin %s is nobody's ready status: %v", round, of[0].Ref, sts)
@@ -189,6 +206,62 @@ func TestSimulatedConcurrentClaimsLeaveOnePin(t *testing.T) {
 		if _, err := rt.Unpin(ctx, "demo:1.0"); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A pin step that finds the key taken by a provision in another lock
+// directory (it passed the check before the other pinned) is a conflict
+// naming the holder, and no further candidate is pulled or probed: the
+// candidate loop stops at the first refusal.
+func TestSimulatedPinRaceAcrossLockDirsIsAConflict(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		first provision.Want // pins while the second is being probed
+	}{
+		{"holder claimed by metadata", provision.Want{}},
+		{"holder named in its want", provision.Want{Engine: "demo", Version: "1.0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := testenv.Registry(t)
+			rt := testenv.Runtime(t)
+			a := publishAs(t, reg.Host, "a", "demo", "1.0", testenv.CU13, cu129)
+			b := publishAs(t, reg.Host, "b", "demo", "1.0", testenv.CU13, cu129)
+			mk := func(opts ...provision.Option) *provision.Provisioner {
+				return provision.New(rt, append([]provision.Option{provision.WithNode(testenv.NewNode(h100("580.82.07"))),
+					provision.WithOverrides(provision.NoOverrides()), provision.WithLockDir(t.TempDir()), provision.WithProbeDir(t.TempDir())}, opts...)...)
+			}
+			first := tc.first
+			first.Ref = a
+			var held provision.Status
+			probing := 0
+			second := mk(provision.WithOnState(func(st provision.Status) {
+				if st.State == provision.Probing {
+					if probing++; probing == 1 {
+						// The first provision pins the key while the second
+						// one's candidate is being probed.
+						held = mk().Provision(ctx, first)
+					}
+				}
+			}))
+			st := second.Provision(ctx, provision.Want{Ref: b})
+			mustReady(t, held)
+			if st.State != provision.Failed || !errors.Is(st.Err, provision.ErrConflict) || !errors.Is(st.Err, runtime.ErrHeld) {
+				t.Fatalf("second: %s (err %v); want a conflict", st, st.Err)
+			}
+			if st.Conflict == nil || st.Conflict.Held != a || st.Conflict.Claimed != b || st.Conflict.HeldRef != held.Pinned || !st.Conflict.Race {
+				t.Fatalf("conflict %+v; want held %s (%s), claimed %s", st.Conflict, a, held.Pinned, b)
+			}
+			if len(st.Attempts) != 1 || st.Attempts[0].Stage != "pin" || probing != 1 {
+				t.Fatalf("attempts %+v, %d probes; want the first candidate refused at pin and no other tried", st.Attempts, probing)
+			}
+			if !strings.Contains(st.Detail, "unpin demo:1.0") {
+				t.Errorf("detail does not say what to do: %s", st.Detail)
+			}
+			if pin, err := rt.PinToRun(ctx, "demo:1.0"); err != nil || pin.Ref != held.Pinned {
+				t.Fatalf("pin after the race: %+v, %v; want %s", pin, err, held.Pinned)
+			}
+		})
 	}
 }
 
@@ -279,7 +352,23 @@ func TestSimulatedRepointedPinIsTampered(t *testing.T) {
 		t.Error("pins does not show the repointed record at all")
 	}
 	if _, err := rt.GetPin(ctx, "demo:1.0"); !errors.Is(err, runtime.ErrTampered) {
-		t.Fatalf("GetPin (what run uses): %v; want ErrTampered", err)
+		t.Fatalf("GetPin: %v; want ErrTampered", err)
+	}
+	// What `gpupin run` looks a target up with: by key, reference or
+	// source, the tampered record is refused, and errors.Is sees it from
+	// either package.
+	for _, target := range []string{"demo:1.0", st.Pinned, ref} {
+		pin, err := rt.PinToRun(ctx, target)
+		if !errors.Is(err, runtime.ErrTampered) || !errors.Is(err, provision.ErrTampered) || pin != nil {
+			t.Fatalf("PinToRun(%s) = %+v, %v; want ErrTampered", target, pin, err)
+		}
+	}
+	if pin, err := rt.PinToRun(ctx, "other:1.0"); err != nil || pin == nil || pin.Ref != o.Pinned {
+		t.Fatalf("PinToRun(other:1.0) = %+v, %v; want the other engine's pin", pin, err)
+	}
+	// And Run itself refuses the record, whoever looked it up.
+	if _, err := rt.Run(ctx, runtime.RunSpec{Image: st.Pinned, Args: []string{"true"}, Role: "replica"}); !errors.Is(err, runtime.ErrTampered) {
+		t.Fatalf("Run of the repointed record: %v; want ErrTampered", err)
 	}
 	again := p.Provision(ctx, provision.Want{Ref: ref})
 	if again.FromPin || again.State == provision.Ready {
@@ -301,6 +390,67 @@ func TestSimulatedRepointedPinIsTampered(t *testing.T) {
 	mustReady(t, p.Provision(ctx, provision.Want{Ref: ref}))
 	if pin, err := rt.GetPin(ctx, "demo:1.0"); err != nil || pin == nil || pin.Tampered {
 		t.Fatalf("after gc and a new provision: %+v %v", pin, err)
+	}
+}
+
+// A tampered record is no pin, yet it holds its key against another
+// source's metadata until an operator unpins it: the claim is refused with
+// a reason that says so, and after unpin the claim goes through.
+func TestSimulatedTamperedRecordHoldsItsKey(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	rt := testenv.Runtime(t)
+	good := publishAs(t, reg.Host, "good", "demo", "1.0", cu129)
+	third := publishAs(t, reg.Host, "thirdparty", "demo", "1.0", cu129)
+	other := publish(t, reg, "other", cu129)
+	p := newProvisioner(t, rt, testenv.NewNode(h100("580.82.07")), 0)
+	st := p.Provision(ctx, provision.Want{Ref: good})
+	mustReady(t, st)
+	o := p.Provision(ctx, provision.Want{Ref: other})
+	mustReady(t, o)
+	is := rt.Client().ImageService()
+	rec, err := is.Get(nsCtx(rt), st.Pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherRec, err := is.Get(nsCtx(rt), o.Pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Target = otherRec.Target
+	if _, err := is.Update(nsCtx(rt), rec, "target"); err != nil {
+		t.Fatal(err)
+	}
+
+	claim := p.Provision(ctx, provision.Want{Ref: third})
+	if claim.State != provision.Failed || !errors.Is(claim.Err, provision.ErrConflict) || claim.Conflict == nil || !claim.Conflict.Tampered {
+		t.Fatalf("claim on a key held by a tampered record: %s (conflict %+v); want a conflict", claim, claim.Conflict)
+	}
+	if claim.Conflict.Held != good || claim.Conflict.HeldRef != st.Pinned || claim.Conflict.Claimed != third {
+		t.Fatalf("conflict %+v; want held %s (%s), claimed %s", claim.Conflict, good, st.Pinned, third)
+	}
+	for _, s := range []string{"changed outside gpupin", "until an operator unpins", "gpupin unpin demo:1.0", good, third} {
+		if !strings.Contains(claim.Detail, s) {
+			t.Errorf("detail lacks %q: %s", s, claim.Detail)
+		}
+	}
+	if len(claim.Attempts) != 0 {
+		t.Errorf("refused only after pulling: %+v", claim.Attempts)
+	}
+	if pl, err := p.Plan(ctx, provision.Want{Ref: third}); err != nil || pl.Outcome != provision.OutcomeConflict {
+		t.Fatalf("plan of the claim: %+v, %v; want a conflict", pl, err)
+	}
+	if l := labelsOf(t, rt, st.Pinned); l[runtime.LabelPin] != "demo:1.0" {
+		t.Fatalf("the tampered record lost its key: %v", l)
+	}
+
+	// The operator unpins: the key is free, and the claim goes through.
+	if _, err := rt.Unpin(ctx, "demo:1.0"); err != nil {
+		t.Fatal(err)
+	}
+	mustReady(t, p.Provision(ctx, provision.Want{Ref: third}))
+	if pin, err := rt.PinToRun(ctx, "demo:1.0"); err != nil || pin.Source != third {
+		t.Fatalf("after unpin: %+v, %v; want the pin from %s", pin, err, third)
 	}
 }
 

@@ -3,6 +3,8 @@ package provision
 import (
 	"errors"
 	"fmt"
+
+	"github.com/gpupin/gpupin/runtime"
 )
 
 // Outcomes a caller can branch on, with errors.Is on Status.Err or on the
@@ -21,8 +23,9 @@ var (
 	ErrAllFailed = errors.New("every candidate failed")
 	// ErrInvalidWant: the want itself is malformed.
 	ErrInvalidWant = errors.New("invalid want")
-	// ErrTampered: a record named as a pin points at another image.
-	ErrTampered = errors.New("tampered pin record")
+	// ErrTampered: a record named as a pin points at another image. It is
+	// runtime's sentinel, so errors.Is works whichever package said it.
+	ErrTampered = runtime.ErrTampered
 )
 
 // ConflictError is a want whose image names a pin key that is already
@@ -33,9 +36,32 @@ type ConflictError struct {
 	Held    string // the source the key is pinned from
 	Claimed string // the source that claims it now
 	NamedBy string // how the claimant's key was named: metadata or reference
+	// HeldRef is the record that holds the key, when it is known.
+	HeldRef string `json:",omitempty"`
+	// Tampered: the record holding the key was repointed outside gpupin.
+	// It is no pin, yet it holds the key until an operator unpins it.
+	Tampered bool `json:",omitempty"`
+	// Race: the holder's pin landed while the claimant was being proved
+	// (another process, another lock directory); nothing was displaced.
+	Race bool `json:",omitempty"`
+
+	cause error // runtime's *HeldError, for a race
 }
 
+func (e *ConflictError) Unwrap() error { return e.cause }
+
 func (e *ConflictError) Error() string {
+	switch {
+	case e.Tampered:
+		return fmt.Sprintf("%s is held by %s, a record pinned from %s that was changed outside gpupin (it points at another image than its name says): "+
+			"it is never run, and it holds the key until an operator unpins it; %s names itself %s too (by its %s): refusing to let it take the key; "+
+			"gpupin unpin %s (or gpupin gc) first, or name the engine and version in the want to move the pin on purpose",
+			e.Key, e.HeldRef, e.Held, e.Claimed, e.Key, e.NamedBy, e.Key)
+	case e.Race:
+		return fmt.Sprintf("%s was pinned from %s by another provision while %s was being proved: refusing to displace another source's pin; "+
+			"unpin %s first, or name the engine and version in the want to move the pin on purpose",
+			e.Key, e.Held, e.Claimed, e.Key)
+	}
 	return fmt.Sprintf("%s is pinned from %s, and %s names itself %s too (by its %s): refusing to displace another source's pin; "+
 		"unpin %s first, or name the engine and version in the want to move the pin on purpose",
 		e.Key, e.Held, e.Claimed, e.Key, e.NamedBy, e.Key)

@@ -602,7 +602,7 @@ func (l *Loop) report(sts []Status) {
 		if st.State == Failed {
 			level = slog.LevelWarn
 		}
-		l.opts.Logger.Log(context.Background(), level, "engine "+string(st.State), "key", st.Key, "variant", st.Variant,
+		l.opts.Logger.Log(context.Background(), level, "engine "+string(st.State), "key", st.Key, "variant", st.Variant, "attempted", st.Attempted,
 			"pinned", st.Pinned, "override", st.Override, "simulated", st.Simulated, "detail", st.Detail)
 		if l.opts.OnChange != nil {
 			l.opts.OnChange(st)

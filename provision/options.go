@@ -75,14 +75,31 @@ func WithOverrides(s OverrideSource) Option { return func(c *config) { c.Overrid
 func WithLockDir(dir string) Option { return func(c *config) { c.LockDir = dir } }
 
 // WithTimeout bounds one provision, pulls and probes included; default
-// DefaultTimeout. A registry that stalls is cut sooner (registry.Config).
-func WithTimeout(d time.Duration) Option { return func(c *config) { c.Timeout = d } }
+// DefaultTimeout, which zero (or less) keeps. A provision it ends fails
+// saying "provision took longer than D (provision timeout)". A registry
+// that stalls is cut sooner (registry.Config).
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.Timeout = d
+		}
+	}
+}
 
-// WithProbeTimeout bounds one probe run; default DefaultProbeTimeout.
-func WithProbeTimeout(d time.Duration) Option { return func(c *config) { c.ProbeTimeout = d } }
+// WithProbeTimeout bounds one probe run; default DefaultProbeTimeout,
+// which zero (or less) keeps.
+func WithProbeTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.ProbeTimeout = d
+		}
+	}
+}
 
-// WithProbeLimits sets the probe container's memory (bytes, swap included)
-// and pids limits; zero keeps a default.
+// WithProbeLimits sets the probe container's memory (bytes, swap included:
+// memory+swap is set to it) and pids limits. The probe always has both:
+// zero keeps the default (DefaultProbeMemory, DefaultProbePids), it never
+// means unlimited; the CLI refuses --probe-memory 0.
 func WithProbeLimits(memory uint64, pids int64) Option {
 	return func(c *config) {
 		if memory > 0 {

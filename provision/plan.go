@@ -283,10 +283,16 @@ func (p *Provisioner) pinFor(w Want, pins []runtime.Pin, facts *node.Facts) (*ru
 func checkHeld(pl *Plan, w Want, pins []runtime.Pin, facts *node.Facts) error {
 	held := pinOf(pins, pl.Key)
 	if held == nil {
+		// A tampered record is no pin, but it still holds its key against
+		// another source's metadata until an operator unpins it: taking
+		// the key would hide what happened.
+		if bad := tamperedOf(pins, pl.Key); bad != nil && bad.Source != w.Ref && pl.NamedBy != NamedByWant {
+			return &ConflictError{Key: pl.Key, Held: bad.Source, HeldRef: bad.Ref, Claimed: w.Ref, NamedBy: namedWhat(pl.NamedBy), Tampered: true}
+		}
 		return nil
 	}
 	if held.Source != w.Ref && pl.NamedBy != NamedByWant {
-		return &ConflictError{Key: pl.Key, Held: held.Source, Claimed: w.Ref, NamedBy: namedWhat(pl.NamedBy)}
+		return &ConflictError{Key: pl.Key, Held: held.Source, HeldRef: held.Ref, Claimed: w.Ref, NamedBy: namedWhat(pl.NamedBy)}
 	}
 	if facts.Simulated && !held.Simulated {
 		return newOutcome(ErrConflict, nil, "a simulated probe never replaces %s, which was proved on hardware; use a namespace of its own for simulated runs", held.Ref)
@@ -295,8 +301,11 @@ func checkHeld(pl *Plan, w Want, pins []runtime.Pin, facts *node.Facts) error {
 }
 
 func namedWhat(by string) string {
-	if by == NamedByMetadata {
+	switch by {
+	case NamedByMetadata:
 		return "io.gpupin.engine and io.gpupin.engine.version metadata"
+	case NamedByWant:
+		return "want's engine and version"
 	}
 	return "repository name and tag"
 }
@@ -307,6 +316,16 @@ func namedWhat(by string) string {
 // and that its record still points at the image its name says.
 func holds(pin *runtime.Pin, facts *node.Facts) bool {
 	return pin != nil && !pin.Tampered && pin.Node == facts.Fingerprint() && pin.Simulated == facts.Simulated
+}
+
+// tamperedOf is a tampered record of key, if any.
+func tamperedOf(pins []runtime.Pin, key string) *runtime.Pin {
+	for i := range pins {
+		if pins[i].Key == key && pins[i].Tampered {
+			return &pins[i]
+		}
+	}
+	return nil
 }
 
 func pinOf(pins []runtime.Pin, key string) *runtime.Pin {

@@ -124,7 +124,12 @@ func (p *Provisioner) Probe(ctx context.Context, image string, meta images.Metad
 	}
 	if allGPUs(gpus) {
 		// The pin will say "proved on these GPUs": every one of them.
-		if missing := uncovered(facts.GPUs, v.Devices); len(missing) > 0 {
+		missing, err := uncovered(kind, facts.GPUs, v.Devices)
+		if err != nil {
+			f := probe.NewFailure(err.Error(), res.Output)
+			return nil, f.Tail, f
+		}
+		if len(missing) > 0 {
 			f := probe.NewFailure(fmt.Sprintf("the probe did not compute on all of the node's %d GPUs; missing %s (is CUDA_VISIBLE_DEVICES set in the image, or the CDI spec stale?)",
 				len(facts.GPUs), strings.Join(missing, ", ")), res.Output)
 			return nil, f.Tail, f
@@ -170,18 +175,27 @@ func allGPUs(g runtime.GPUs) bool {
 }
 
 // uncovered lists the node's GPUs a verdict does not report. Devices are
-// matched by UUID; a verdict whose devices carry no UUIDs (an image's own
-// self-test may not print them) is held to the count instead. Under MIG the
-// probe sees instances, not GPUs: there it must have seen at least as many
-// devices as the node has GPUs.
-func uncovered(gpus []node.GPU, devs []probe.Device) []string {
+// matched by UUID. gpupin's own probes (torch, cuda) must report each
+// device's UUID, and a device without one is an error; only an image's
+// own self-test (exec), which may not print them, and the emulator of a
+// simulated node are held to the count instead. Under MIG the probe sees
+// instances, not GPUs: there it must have seen at least as many devices
+// as the node has GPUs.
+func uncovered(kind probe.Kind, gpus []node.GPU, devs []probe.Device) ([]string, error) {
 	seen := map[string]bool{}
 	withUUID := 0
+	var without []string
 	for _, d := range devs {
 		if d.UUID != "" {
 			seen[strings.ToLower(d.UUID)] = true
 			withUUID++
+		} else {
+			without = append(without, fmt.Sprintf("device %d", d.Index))
 		}
+	}
+	if len(without) > 0 && kind != probe.Exec && kind != probe.Sim {
+		return nil, fmt.Errorf("the %s probe reported %s without a UUID: gpupin's own probes must name each GPU they computed on by its UUID (only an exec probe is held to the count)",
+			kind, strings.Join(without, ", "))
 	}
 	mig := false
 	for _, g := range gpus {
@@ -189,9 +203,9 @@ func uncovered(gpus []node.GPU, devs []probe.Device) []string {
 	}
 	if mig || withUUID < len(devs) || withUUID == 0 {
 		if len(devs) >= len(gpus) {
-			return nil
+			return nil, nil
 		}
-		return []string{fmt.Sprintf("%d of them (it reported %d devices)", len(gpus)-len(devs), len(devs))}
+		return []string{fmt.Sprintf("%d of them (it reported %d devices)", len(gpus)-len(devs), len(devs))}, nil
 	}
 	var missing []string
 	for _, g := range gpus {
@@ -199,5 +213,5 @@ func uncovered(gpus []node.GPU, devs []probe.Device) []string {
 			missing = append(missing, fmt.Sprintf("GPU %d (%s, %s)", g.Index, g.Name, g.UUID))
 		}
 	}
-	return missing
+	return missing, nil
 }

@@ -41,6 +41,9 @@ type Provisioner struct {
 	opts   config
 	flight singleflight.Group
 	keys   keyLocks
+	// stall is how the registry policy judges a stall (StallBytes in
+	// StallTimeout); a pull's status judges it alike.
+	stall registry.Config
 }
 
 // New makes a Provisioner over a runtime. Its defaults are the CLI's: NVML
@@ -53,12 +56,19 @@ func New(rt Runtime, opts ...Option) *Provisioner {
 			o(&c)
 		}
 	}
+	var policy *registry.Policy
+	if r, ok := rt.(interface{ Registry() *registry.Policy }); ok {
+		policy = r.Registry()
+	}
 	if c.Resolver == nil {
 		var remote images.Remote
-		if r, ok := rt.(interface{ Registry() *registry.Policy }); ok {
-			remote = r.Registry()
+		if policy != nil {
+			remote = policy
 		}
 		c.Resolver = &images.Resolver{Remote: remote}
+	}
+	if policy == nil {
+		policy = registry.New(registry.Config{}) // its defaults judge stalls
 	}
 	if c.Node == nil {
 		c.Node = node.NewReader()
@@ -66,7 +76,7 @@ func New(rt Runtime, opts ...Option) *Provisioner {
 	if c.Overrides == nil {
 		c.Overrides = NoOverrides()
 	}
-	return &Provisioner{rt: rt, opts: c}
+	return &Provisioner{rt: rt, opts: c, stall: policy.Config()}
 }
 
 // Provision brings one want to a pinned, proved image, or says why not.
@@ -185,6 +195,12 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 		}
 		st.Attempts = append(st.Attempts, *attempt)
 		p.opts.Logger.Warn("candidate failed", "key", st.Key, "variant", c.Variant, "stage", attempt.Stage, "reason", firstLine(attempt.Reason))
+		if errors.Is(attempt.Err, ErrConflict) {
+			// The key was pinned meanwhile by a provision that does not
+			// share this lock directory: no other candidate changes whose
+			// key it is, so none is pulled.
+			return p.raced(ctx, st, w, facts, attempt.Err)
+		}
 		if ctx.Err() != nil || pl.override.Kind == images.OverrideVariant {
 			// A forced variant gets no fallback; an operator's image is
 			// chosen among as auto chooses, so its next variant is tried.
@@ -199,12 +215,35 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 		detail += "; the earlier pin " + old.Ref + " (" + old.Variant + ") is unchanged"
 		st = st.fail(attemptErrors(st.Attempts, detail))
 		if holds(old, facts) {
-			// Still proved on this node as it is: replicas may keep starting from it.
-			st.Pin, st.Pinned = old, old.Ref
+			// Still proved on this node as it is: replicas may keep
+			// starting from it, and it is named with its own variant.
+			st.Pin, st.Pinned, st.Variant = old, old.Ref, old.Variant
 		}
 		return st
 	}
 	return st.fail(attemptErrors(st.Attempts, detail))
+}
+
+// raced ends a provision whose pin step found the key taken by another
+// provision: ready when that pin answers this want as it is (the same
+// source), else a conflict naming the holder.
+func (p *Provisioner) raced(ctx context.Context, st Status, w Want, facts *node.Facts, conflict error) Status {
+	if pins, err := p.rt.Pins(ctx); err == nil {
+		if pin, _ := p.pinFor(w, pins, facts); pin != nil {
+			return st.ready(*pin, true, fmt.Sprintf("pinned %s (%s) by another provision meanwhile", pin.Ref, pin.Variant))
+		}
+	}
+	return st.fail(conflict)
+}
+
+// heldConflict is SetPin's refusal as provision's conflict.
+func heldConflict(err error, pl *Plan, w Want) error {
+	var held *runtime.HeldError
+	if !errors.As(err, &held) {
+		return err
+	}
+	return &ConflictError{Key: held.Key, Held: held.Source, HeldRef: held.Ref, Claimed: w.Ref,
+		NamedBy: namedWhat(pl.NamedBy), Tampered: held.Tampered, Race: true, cause: held}
 }
 
 // cause says why ctx ended, when it did: the provision timeout reads
@@ -227,7 +266,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: stage, Reason: err.Error(), Output: out, Err: err}
 	}
 	err := p.rt.WithLease(ctx, func(ctx context.Context) error {
-		st.State, st.Variant, st.Detail = Pulling, c.Variant, "pulling "+c.Ref
+		st.State, st.Attempted, st.Detail = Pulling, c.Variant, "pulling "+c.Ref
 		p.emit(*st)
 		watch := p.watchPull(ctx, *st)
 		pulled, err := p.rt.Pull(ctx, c.Ref, runtime.PullOptions{Platform: facts.Platform, MediaType: c.MediaType, Progress: func(pr runtime.Progress) {
@@ -269,7 +308,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		err = p.rt.SetPin(pctx, pin, runtime.SetPinOptions{Takeover: pl.NamedBy == NamedByWant})
 		cancel()
 		if err != nil {
-			fail("pin", err, "")
+			fail("pin", heldConflict(err, pl, w), "")
 			if pulled.Created {
 				p.rt.DiscardCandidate(context.WithoutCancel(ctx), pulled.Name)
 			}
@@ -282,20 +321,27 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 	return pin, verdict, attempt
 }
 
-// pullWatch reports a pull that stopped moving (less than 32 KiB since
-// the last look), so a status says "stalled 40s" rather than a bare
-// "pulling" while the registry is silent or trickles.
+// pullWatch reports a pull that stopped moving (less than the registry
+// policy's StallBytes since the last look), so a status says "stalled 40s"
+// rather than a bare "pulling" while the registry is silent or trickles.
 // Once every byte is in, the pull is unpacking, which is not a stall.
 type pullWatch struct {
 	mu        sync.Mutex
 	last      time.Time
 	done      int64
+	minBytes  int64
 	unpacking bool
 	stopped   chan struct{}
 }
 
 func (p *Provisioner) watchPull(ctx context.Context, st Status) *pullWatch {
-	w := &pullWatch{last: time.Now(), stopped: make(chan struct{})}
+	w := &pullWatch{last: time.Now(), minBytes: p.stall.StallBytes, stopped: make(chan struct{})}
+	// Said after 5 s without progress, or sooner when the policy cuts a
+	// stall sooner, so the status says it before the pull fails.
+	after := min(5*time.Second, p.stall.StallTimeout/2)
+	if after < time.Second {
+		after = time.Second
+	}
 	go func() {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
@@ -315,9 +361,9 @@ func (p *Provisioner) watchPull(ctx context.Context, st Status) *pullWatch {
 			switch {
 			case unpacking:
 				detail = base + " (unpacking)"
-			case idle >= 5*time.Second:
+			case idle >= after:
 				// In coarse steps: each is a change reported and logged.
-				step := 5 * time.Second
+				step := after
 				if idle >= 30*time.Second {
 					step = 30 * time.Second
 				}
@@ -337,7 +383,7 @@ func (w *pullWatch) progress(pr runtime.Progress) {
 	defer w.mu.Unlock()
 	// A byte now and then is no progress: as the registry policy judges a
 	// stall, so does the status.
-	if pr.Done-w.done >= registry.DefaultStallBytes || (pr.Done != w.done && pr.Done >= pr.Total) {
+	if pr.Done-w.done >= w.minBytes || (pr.Done != w.done && pr.Done >= pr.Total) {
 		w.done, w.last = pr.Done, time.Now()
 	}
 	w.unpacking = pr.Layers > 0 && pr.Total > 0 && pr.Done >= pr.Total

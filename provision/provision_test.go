@@ -2,6 +2,7 @@ package provision_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -377,6 +378,22 @@ func TestProvisionSimulatedFailedOverrideKeepsServingEarlierPin(t *testing.T) {
 	// The earlier pin still holds on this node: the status says where replicas start from.
 	if st.Pinned != first.Pinned {
 		t.Fatalf("failed status pinned %q, want the earlier pin %q", st.Pinned, first.Pinned)
+	}
+	// What was attempted and what is pinned are told apart, in the
+	// fields, the JSON and the one-line form.
+	if st.Variant != "cu129" || st.Attempted != "cu13" || st.Pin == nil || st.Pin.Variant != "cu129" {
+		t.Fatalf("variant %q, attempted %q, pin %+v; want variant cu129 (the pin's), attempted cu13", st.Variant, st.Attempted, st.Pin)
+	}
+	js, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(js, &m); err != nil || m["variant"] != "cu129" || m["attempted"] != "cu13" || m["pinned"] != first.Pinned {
+		t.Fatalf("JSON: variant %v, attempted %v, pinned %v; want cu129, cu13, %s", m["variant"], m["attempted"], m["pinned"], first.Pinned)
+	}
+	if got := st.String(); !strings.HasPrefix(got, "demo:1.0: failed (cu13 tried; cu129 still pinned): ") {
+		t.Fatalf("String() = %q", got)
 	}
 	pin, _ := e.rt.GetPin(ctx, "demo:1.0")
 	if pin == nil || pin.Ref != first.Pinned || pin.Variant != "cu129" {

@@ -100,11 +100,16 @@ type Status struct {
 	Override string `json:"override"`
 	State    State  `json:"state"`
 	Detail   string `json:"detail"`
-	Variant  string `json:"variant,omitempty"`
+	// Attempted is the candidate variant being pulled or probed, or on a
+	// failure the last one tried (Attempts has each): not what runs.
+	Attempted string `json:"attempted,omitempty"`
 	// Pinned is the repo@sha256:… replicas start from. A failed status
 	// carries it too when an earlier pin, proved on this node as it is,
-	// stays in place (Pin says which, with its own variant).
+	// stays in place. Variant is Pinned's own variant, set exactly when
+	// Pinned is: a forced cu13 that failed beside a cu129 pin is
+	// attempted cu13, variant cu129.
 	Pinned  string         `json:"pinned,omitempty"`
+	Variant string         `json:"variant,omitempty"`
 	Pin     *runtime.Pin   `json:"pin,omitempty"`
 	Verdict *probe.Verdict `json:"verdict,omitempty"`
 	// ProbeOutput is the tail of the passing probe's output.
@@ -131,8 +136,19 @@ type Status struct {
 func (s Status) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: %s", s.Key, s.State)
-	if s.Variant != "" {
+	switch {
+	case s.State == Ready && s.Variant != "":
 		fmt.Fprintf(&b, " (%s)", s.Variant)
+	case s.State == Pulling || s.State == Probing:
+		if s.Attempted != "" {
+			fmt.Fprintf(&b, " (%s)", s.Attempted)
+		}
+	case s.Attempted != "" && s.Variant != "":
+		fmt.Fprintf(&b, " (%s tried; %s still pinned)", s.Attempted, s.Variant)
+	case s.Attempted != "":
+		fmt.Fprintf(&b, " (%s tried)", s.Attempted)
+	case s.Variant != "":
+		fmt.Fprintf(&b, " (%s pinned)", s.Variant)
 	}
 	if s.Detail != "" {
 		fmt.Fprintf(&b, ": %s", s.Detail)

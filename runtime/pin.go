@@ -224,6 +224,64 @@ func (r *Runtime) GetPin(ctx context.Context, key string) (*Pin, error) {
 // ErrTampered marks a record whose target is not the digest its name says.
 var ErrTampered = errors.New("tampered pin record")
 
+// ErrNoPin marks a target that no pin answers to.
+var ErrNoPin = errors.New("no pin")
+
+// PinToRun is the pin a replica of target starts from (what `gpupin run`
+// uses): target is a key (engine:version), a pinned reference
+// (repo@sha256:…) or the source a pin was made from. A tampered record is
+// never the answer: when only such a record answers, the error wraps
+// ErrTampered; when none does, ErrNoPin.
+func (r *Runtime) PinToRun(ctx context.Context, target string) (*Pin, error) {
+	pins, err := r.Pins(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return FindPin(pins, target)
+}
+
+// FindPin picks target's pin from pins (as Pins lists them), as PinToRun
+// does. The most specific match decides: a reference, then a key, then a
+// source; within one, an untampered record wins, and a tampered one alone
+// is refused rather than passed over, so a name never falls through to
+// another image.
+func FindPin(pins []Pin, target string) (*Pin, error) {
+	matchers := []func(Pin) bool{
+		func(p Pin) bool { return p.Ref == target },
+		func(p Pin) bool { return p.Key == target },
+		func(p Pin) bool { return p.Source == target },
+	}
+	for _, match := range matchers {
+		var bad *Pin
+		for i := range pins {
+			if !match(pins[i]) {
+				continue
+			}
+			if !pins[i].Tampered {
+				p := pins[i]
+				return &p, nil
+			}
+			if bad == nil {
+				bad = &pins[i]
+			}
+		}
+		if bad != nil {
+			return nil, fmt.Errorf("%w: %s is labelled the pin of %s but points at %s, not the image its name says; it was changed outside gpupin and is never run: "+
+				"gpupin unpin %s or gpupin gc removes it, then provision again", ErrTampered, bad.Ref, bad.Key, bad.Digest, bad.Key)
+		}
+	}
+	var keys []string
+	for _, p := range pins {
+		if !p.Tampered {
+			keys = append(keys, p.Key)
+		}
+	}
+	if len(keys) == 0 {
+		keys = []string{"none"}
+	}
+	return nil, fmt.Errorf("%s has no pin (%w; pinned: %s); run gpupin provision first", target, ErrNoPin, strings.Join(keys, ", "))
+}
+
 // SetPinOptions tune SetPin.
 type SetPinOptions struct {
 	// Takeover lets the pin replace a pin of the key made from another
@@ -237,6 +295,34 @@ var ErrHeld = errors.New("pin key held from another source")
 
 // ErrSuperseded marks a pin another provision of the key replaced at once.
 var ErrSuperseded = errors.New("superseded by a newer pin of the key")
+
+// HeldError is a SetPin that did not make its pin because another record
+// of the key stands: one from another source (ErrHeld), or a newer pin
+// that landed at once (ErrSuperseded). It names that record, so a caller
+// can say whose the key is.
+type HeldError struct {
+	Key        string
+	Ref        string // the record that holds the key
+	Source     string // the source it was pinned from
+	Claimed    string // the source of the pin refused
+	Tampered   bool   // the holder was repointed outside gpupin
+	Superseded bool
+}
+
+func (e *HeldError) Error() string {
+	if e.Superseded {
+		return fmt.Sprintf("pin %s: %v (%s, from %s)", e.Key, ErrSuperseded, e.Ref, e.Source)
+	}
+	what := ""
+	if e.Tampered {
+		what = ", a record changed outside gpupin that holds the key until it is unpinned"
+	}
+	return fmt.Sprintf("pin %s: %v: it is pinned from %s (%s%s), not %s", e.Key, ErrHeld, e.Source, e.Ref, what, e.Claimed)
+}
+
+func (e *HeldError) Is(target error) bool {
+	return (target == ErrHeld && !e.Superseded) || (target == ErrSuperseded && e.Superseded)
+}
 
 // SetPin makes p.Ref the pin of p.Key: one update sets every label on the
 // record (containerd applies it atomically), then other records of the
@@ -273,8 +359,10 @@ func (r *Runtime) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
 	}
 	if !opts.Takeover {
 		for _, o := range others {
-			if op := pinFromImage(o); o.Name != p.Ref && !op.Tampered && op.Source != p.Source {
-				return fmt.Errorf("pin %s: %w: it is pinned from %s (%s), not %s", p.Key, ErrHeld, op.Source, o.Name, p.Source)
+			// A tampered record holds its key too, until an operator
+			// unpins it: it is nobody's to take by metadata.
+			if op := pinFromImage(o); o.Name != p.Ref && op.Source != p.Source {
+				return &HeldError{Key: p.Key, Ref: o.Name, Source: op.Source, Claimed: p.Source, Tampered: op.Tampered}
 			}
 		}
 	}
@@ -309,7 +397,7 @@ func (r *Runtime) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
 			// A newer pin of the key landed meanwhile: it stands, this
 			// one steps back.
 			r.demote(ctx, updated, p.Key)
-			return fmt.Errorf("pin %s: %w (%s)", p.Key, ErrSuperseded, o.Name)
+			return &HeldError{Key: p.Key, Ref: o.Name, Source: op.Source, Claimed: p.Source, Superseded: true}
 		}
 	}
 	// An older previous of this key is superseded: gc keeps one for rollback.

@@ -351,7 +351,7 @@ func (t *tracker) snapshot(ctx context.Context) Progress {
 	active := map[string]int64{}
 	if st, err := t.cs.ListStatuses(ctx); err == nil {
 		for _, s := range st {
-			active[s.Expected.String()] = s.Offset
+			active[ingestDigest(s)] = s.Offset
 		}
 	}
 	t.mu.Lock()
@@ -376,6 +376,17 @@ func (t *tracker) snapshot(ctx context.Context) Progress {
 		}
 	}
 	return p
+}
+
+// ingestDigest is the blob an in-flight write is for. containerd's local
+// store does not report Expected, so without the ref ("layer-sha256:…",
+// as remotes.MakeRefKey names it) a layer's bytes would count only once
+// it is whole, and a slow pull would look stalled.
+func ingestDigest(s content.Status) string {
+	if s.Expected != "" {
+		return s.Expected.String()
+	}
+	return s.Ref[strings.LastIndexAny(s.Ref, "-@")+1:]
 }
 
 // ImageConfig returns the config of an image record for the platform.

@@ -112,6 +112,12 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 	if err != nil {
 		return res, fmt.Errorf("image %s: %w", spec.Image, err)
 	}
+	// Whoever looked the record up, a name that says one digest and a
+	// target that is another is not the image that was proved.
+	if m := img.Metadata(); tampered(m) {
+		return res, fmt.Errorf("run %s: %w: the record points at %s, not the digest its name says; it was changed outside gpupin and is never run (gpupin gc removes it)",
+			spec.Image, ErrTampered, m.Target.Digest)
+	}
 	id := spec.ID
 	if id == "" {
 		role := spec.Role

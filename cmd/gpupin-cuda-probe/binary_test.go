@@ -129,6 +129,7 @@ func TestBinaryWithStandInDriver(t *testing.T) {
 	tests := []struct {
 		mode       string
 		noLoadEx   bool // the library lacks cuModuleLoadDataEx
+		oldUUID    bool // the library has cuDeviceGetUuid, not _v2
 		wantExit   int
 		wantDetail string // in the verdict's detail or a device's
 		wantOK     bool
@@ -141,17 +142,28 @@ func TestBinaryWithStandInDriver(t *testing.T) {
 		{mode: "badptx", wantExit: 1, wantDetail: "GPU 1: load the PTX kernel: cuModuleLoadDataEx: CUDA_ERROR_INVALID_PTX (218); JIT log: ptxas fatal : Unsupported .version 5.0"},
 		{mode: "badptx", noLoadEx: true, wantExit: 1, wantDetail: "GPU 1: load the PTX kernel: cuModuleLoadData: CUDA_ERROR_INVALID_PTX (218)"},
 		{mode: "ok", noLoadEx: true, wantOK: true, wantDetail: "2 GPUs passed"},
+		// A device whose UUID cannot be read fails: gpupin matches GPUs by it.
+		{mode: "nouuid", wantExit: 1, wantDetail: "GPU 1: read its UUID: cuDeviceGetUuid_v2: CUDA_ERROR_NOT_SUPPORTED (801)"},
+		{mode: "ok", oldUUID: true, wantOK: true, wantDetail: "2 GPUs passed"},
+		{mode: "nouuid", oldUUID: true, wantExit: 1, wantDetail: "GPU 1: read its UUID: cuDeviceGetUuid: CUDA_ERROR_NOT_SUPPORTED (801)"},
 	}
 	oldLib := fakeLib(t, "-DNO_LOAD_EX")
+	oldUUIDLib := fakeLib(t, "-DOLD_UUID")
 	for _, tt := range tests {
 		name := tt.mode
 		if tt.noLoadEx {
 			name += "/without cuModuleLoadDataEx"
 		}
+		if tt.oldUUID {
+			name += "/without cuDeviceGetUuid_v2"
+		}
 		t.Run(name, func(t *testing.T) {
 			l := lib
 			if tt.noLoadEx {
 				l = oldLib
+			}
+			if tt.oldUUID {
+				l = oldUUIDLib
 			}
 			out, code := runBinary(t, bin, "LD_LIBRARY_PATH="+l, "GPUPIN_FAKE_CUDA="+tt.mode)
 			if code != tt.wantExit {

@@ -142,9 +142,13 @@ func probeDevice(d driver, i int) (dev probe.Device) {
 	if name, err := d.Name(h); err == nil {
 		dev.Name = name
 	}
-	if u, err := d.UUID(h); err == nil {
-		dev.UUID = formatUUID(u)
+	// gpupin matches the GPUs a probe computed on to the node's by UUID: a
+	// device the probe cannot name fails rather than go unnamed.
+	u, err := d.UUID(h)
+	if err != nil {
+		return fail(fmt.Errorf("read its UUID: %w", err))
 	}
+	dev.UUID = formatUUID(u)
 	major, err1 := d.Attribute(attrCCMajor, h)
 	minor, err2 := d.Attribute(attrCCMinor, h)
 	if err := errors.Join(err1, err2); err != nil {

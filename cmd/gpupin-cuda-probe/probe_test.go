@@ -17,6 +17,7 @@ type fakeDriver struct {
 	initErr, countErr error
 	count             int
 	loadErr           map[int]error // by device
+	uuidErr           map[int]error // by device
 	corrupt           map[int]bool  // the kernel writes one wrong element
 	noWrite           map[int]bool  // the kernel writes nothing
 	panicOn           string        // method name that panics
@@ -40,7 +41,7 @@ func (f *fakeDriver) Device(i int) (int, error)   { return i, nil }
 func (f *fakeDriver) Name(dev int) (string, error) {
 	return "Fake GPU", nil
 }
-func (f *fakeDriver) UUID(dev int) ([16]byte, error) { return [16]byte{byte(dev), 1}, nil }
+func (f *fakeDriver) UUID(dev int) ([16]byte, error) { return [16]byte{byte(dev), 1}, f.uuidErr[dev] }
 func (f *fakeDriver) Attribute(attr, dev int) (int, error) {
 	if attr == attrCCMajor {
 		return 12, nil
@@ -117,6 +118,8 @@ func TestRun(t *testing.T) {
 			wantErr: "GPU 2: saxpy: 1 of 1048576 elements wrong (first at 77", wantFailed: []int{2}},
 		{name: "kernel writes nothing", f: &fakeDriver{count: 1, noWrite: map[int]bool{0: true}},
 			wantErr: "1048576 of 1048576 elements wrong", wantFailed: []int{0}},
+		{name: "UUID unreadable on one device", f: &fakeDriver{count: 2, uuidErr: map[int]error{1: &cuError{Call: "cuDeviceGetUuid_v2", Code: 801}}},
+			wantErr: "GPU 1: read its UUID: cuDeviceGetUuid_v2: CUDA_ERROR_NOT_SUPPORTED (801)", wantFailed: []int{1}},
 		{name: "panic in init", f: &fakeDriver{count: 1, panicOn: "Init"}, wantErr: "probe crashed: fake driver: Init"},
 		{name: "panic on a device", f: &fakeDriver{count: 2, panicOn: "PrimaryContext"}, wantErr: "probe crashed: fake driver: PrimaryContext", wantFailed: []int{0, 1}},
 	}

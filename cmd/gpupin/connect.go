@@ -28,10 +28,10 @@ func gpuFlags() []cli.Flag {
 // provisionFlags are the flags of commands that provision (provision, agent).
 func provisionFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.DurationFlag{Name: "provision-timeout", Value: time.Hour, Usage: "give up on a provision (pulls and probes included) after this long"},
+		&cli.DurationFlag{Name: "provision-timeout", Value: time.Hour, Usage: "give up on a provision (pulls and probes included) after this long; the status says it was this timeout"},
 		&cli.DurationFlag{Name: "probe-timeout", Value: 10 * time.Minute, Usage: "kill a probe that runs longer"},
-		&cli.StringFlag{Name: "probe-memory", Value: "16g", Usage: "the probe container's memory limit, swap included (bytes, or k, m, g, t)"},
-		&cli.Int64Flag{Name: "probe-pids", Value: 4096, Usage: "the probe container's pids limit"},
+		&cli.StringFlag{Name: "probe-memory", Value: "16g", Usage: "the probe container's memory limit, swap included (bytes, or k, m, g, t); the probe always has one, so 0 is refused"},
+		&cli.Int64Flag{Name: "probe-pids", Value: 4096, Usage: "the probe container's pids limit; the probe always has one, so 0 is refused"},
 		&cli.StringFlag{Name: "probe", Usage: "probe to use when neither the image nor the engine names one: torch, cuda, exec"},
 		&cli.StringFlag{Name: "probe-dir", Usage: "where probe programs are staged on the host"},
 		&cli.StringFlag{Name: "cuda-probe", Usage: "path of the gpupin-cuda-probe binary"},

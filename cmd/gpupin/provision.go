@@ -97,11 +97,7 @@ func exitFor(sts []provision.Status) error {
 func writeStatus(w io.Writer, st provision.Status) {
 	fmt.Fprintf(w, "%s: %s\n", st.Key, strings.ToUpper(string(st.State)))
 	if st.Pinned != "" {
-		variant := st.Variant
-		if st.Pin != nil {
-			variant = st.Pin.Variant // on a failure, the earlier pin's own
-		}
-		fmt.Fprintf(w, "  pinned:   %s (%s)\n", st.Pinned, variant)
+		fmt.Fprintf(w, "  pinned:   %s (%s)\n", st.Pinned, st.Variant)
 	}
 	fmt.Fprintf(w, "  detail:   %s\n", st.Detail)
 	for _, a := range st.Attempts {

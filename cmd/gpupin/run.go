@@ -69,23 +69,10 @@ func runRun(c *cli.Context) error {
 		return cli.Exit(err.Error(), exitError)
 	}
 	defer rt.Close()
-	pins, err := rt.Pins(c.Context)
+	// The library's lookup: a tampered record is refused, never run.
+	pin, err := rt.PinToRun(c.Context, target)
 	if err != nil {
 		return cli.Exit(err.Error(), exitError)
-	}
-	var pin *runtime.Pin
-	for i, p := range pins {
-		if p.Key == target || p.Ref == target || p.Source == target {
-			pin = &pins[i]
-			break
-		}
-	}
-	if pin == nil {
-		var keys []string
-		for _, p := range pins {
-			keys = append(keys, p.Key)
-		}
-		return cli.Exit(fmt.Sprintf("%s has no pin (pinned: %s); run gpupin provision first", target, strings.Join(orNone(keys), ", ")), exitError)
 	}
 	simulated := lineageString(c, "node") != ""
 	if f, err := choiceNode(c); err == nil && f.Supported() && f.Fingerprint() != pin.Node {
@@ -120,13 +107,6 @@ func runRun(c *cli.Context) error {
 		return cli.Exit("", res.ExitCode)
 	}
 	return nil
-}
-
-func orNone(s []string) []string {
-	if len(s) == 0 {
-		return []string{"none"}
-	}
-	return s
 }
 
 // sizeRE is a size: a number, then an optional binary unit.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/urfave/cli/v2"
@@ -113,11 +114,27 @@ func openSession(c *cli.Context) (*session, error) {
 			s.opts = append(s.opts, f.set())
 		}
 	}
+	for _, name := range []string{"provision-timeout", "probe-timeout"} {
+		// Zero would end every provision (or probe) at once, or never.
+		if hasFlag(c, name) && c.Duration(name) <= 0 {
+			rt.Close()
+			return nil, cli.Exit(fmt.Sprintf("--%s %s: want a positive duration such as 30m", name, c.Duration(name)), exitUsage)
+		}
+	}
 	if hasFlag(c, "probe-memory") || hasFlag(c, "probe-pids") {
 		mem, err := parseBytes(c.String("probe-memory"))
+		if err == nil && mem == 0 {
+			// The library reads 0 as "keep the default": refused here
+			// rather than silently kept at 16 GiB.
+			err = errors.New("the probe always has a memory limit (swap included); give a size such as 32g")
+		}
 		if err != nil {
 			rt.Close()
-			return nil, cli.Exit(fmt.Sprintf("--probe-memory: %v", err), exitUsage)
+			return nil, cli.Exit(fmt.Sprintf("--probe-memory %s: %v", c.String("probe-memory"), err), exitUsage)
+		}
+		if c.Int64("probe-pids") <= 0 {
+			rt.Close()
+			return nil, cli.Exit(fmt.Sprintf("--probe-pids %d: the probe always has a pids limit; give a positive one", c.Int64("probe-pids")), exitUsage)
 		}
 		s.opts = append(s.opts, provision.WithProbeLimits(mem, c.Int64("probe-pids")))
 	}

@@ -28,6 +28,13 @@ type EngineVariant struct {
 // host/engine:version with gpupin's annotations, plus an alias tag per
 // variant. It returns the index digest. opts are PushIndex's.
 func PublishEngine(ctx context.Context, host, engine, version string, variants []EngineVariant, opts ...remote.Option) (v1.Hash, error) {
+	return PublishEngineAs(ctx, host+"/"+engine, engine, version, variants, opts...)
+}
+
+// PublishEngineAs is PublishEngine into the repository repo (host/path),
+// whose last element need not be the engine's name: repo:version, with
+// metadata naming engine:version.
+func PublishEngineAs(ctx context.Context, repo, engine, version string, variants []EngineVariant, opts ...remote.Option) (v1.Hash, error) {
 	var entries []IndexEntry
 	for _, v := range variants {
 		env := append([]string{"CUDA_VERSION=" + v.CUDA + ".0"}, v.Env...)
@@ -55,9 +62,9 @@ func PublishEngine(ctx context.Context, host, engine, version string, variants [
 			arch = "amd64"
 		}
 		entries = append(entries, IndexEntry{Image: img, Annotations: ann, Platform: &v1.Platform{OS: "linux", Architecture: arch}})
-		if _, err := PushImage(ctx, fmt.Sprintf("%s/%s:%s-%s", host, engine, version, v.Name), img, opts...); err != nil {
+		if _, err := PushImage(ctx, fmt.Sprintf("%s:%s-%s", repo, version, v.Name), img, opts...); err != nil {
 			return v1.Hash{}, err
 		}
 	}
-	return PushIndex(ctx, fmt.Sprintf("%s/%s:%s", host, engine, version), entries, opts...)
+	return PushIndex(ctx, fmt.Sprintf("%s:%s", repo, version), entries, opts...)
 }

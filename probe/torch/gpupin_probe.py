@@ -4,7 +4,8 @@ gpupin bind-mounts this file read-only into the candidate image and runs it
 with python3. It prints exactly one line, "GPUPIN-PROBE {json}", and exits 0
 only when every GPU passed. It needs no network and writes only under /tmp.
 
-Per GPU: the device's compute capability must be reachable from
+Per GPU: its UUID, as NVML prints it (gpupin matches GPUs by it; a device
+whose UUID cannot be read fails); the device's compute capability must be reachable from
 torch.cuda.get_arch_list() (SASS for the same major and a lower or equal
 minor, or PTX for an equal or lower capability); a bf16 matmul must match a
 float32 reference within MATMUL_REL_TOL; its speed is measured. If
@@ -127,14 +128,54 @@ def finite(x):
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def device_uuid(props):
+def format_uuid(raw):
+    """16 bytes as NVML prints a GPU's UUID: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx."""
+    h = bytes(raw).hex()
+    return "GPU-%s-%s-%s-%s-%s" % (h[0:8], h[8:12], h[12:16], h[16:20], h[20:32])
+
+
+def device_uuid(i, props):
+    """GPU i's UUID, as NVML prints it; raises when it cannot be read.
+
+    gpupin matches the GPUs a probe computed on to the node's by UUID, so
+    a device the probe cannot name fails. PyTorch 2.x has it in the
+    device properties; older builds do not, and then the driver that torch
+    has already loaded is asked (cuDeviceGetUuid_v2, else cuDeviceGetUuid).
+    """
     u = getattr(props, "uuid", None)
-    if u is None:
-        return ""
-    u = str(u)
-    if u and not u.startswith(("GPU-", "MIG-")):
-        u = "GPU-" + u
-    return u
+    if u is not None and str(u):
+        u = str(u)
+        if not u.startswith(("GPU-", "MIG-")):
+            u = "GPU-" + u
+        return u
+    return driver_uuid(i)
+
+
+def driver_uuid(i):
+    import ctypes
+
+    why = "torch has no device uuid (PyTorch < 2), and "
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise RuntimeError("cannot read GPU %d's UUID: %slibcuda.so.1 does not load: %s" % (i, why, e))
+    for name in ("cuDeviceGetUuid_v2", "cuDeviceGetUuid"):
+        get_uuid = getattr(lib, name, None)  # None when the symbol is missing
+        if get_uuid is not None:
+            break
+    else:
+        raise RuntimeError("cannot read GPU %d's UUID: %slibcuda.so.1 has neither cuDeviceGetUuid_v2 nor cuDeviceGetUuid" % (i, why))
+
+    def check(call, code):
+        if code != 0:
+            raise RuntimeError("cannot read GPU %d's UUID: %s failed with CUresult %d" % (i, call, code))
+
+    dev = ctypes.c_int()
+    raw = (ctypes.c_ubyte * 16)()
+    check("cuInit", lib.cuInit(0))  # torch initialised the driver already; again is harmless
+    check("cuDeviceGet", lib.cuDeviceGet(ctypes.byref(dev), i))
+    check(name, get_uuid(raw, dev))
+    return format_uuid(raw)
 
 
 def probe_device(torch, i, arch_list):
@@ -142,7 +183,7 @@ def probe_device(torch, i, arch_list):
     try:
         props = torch.cuda.get_device_properties(i)
         dev["name"] = str(getattr(props, "name", "") or torch.cuda.get_device_name(i))
-        dev["uuid"] = device_uuid(props)
+        dev["uuid"] = device_uuid(i, props)
         major, minor = torch.cuda.get_device_capability(i)
         dev["cc"] = "%d.%d" % (major, minor)
 

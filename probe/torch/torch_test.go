@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/gpupin/gpupin/probe"
@@ -44,7 +47,62 @@ func python(t *testing.T) string {
 	return p
 }
 
-// runProbe runs the embedded script, as gpupin ships it, against the fake torch.
+var (
+	libOnce sync.Once
+	libDirs map[string]string
+	libErr  error
+)
+
+// fakeCUDA is the stand-in driver library the cuda probe's tests build
+// (cmd/gpupin-cuda-probe/testdata/fakecuda.c), as a directory holding
+// libcuda.so.1, built with gcc once per variant: "" (cuDeviceGetUuid_v2),
+// "old" (cuDeviceGetUuid only) or "bare" (cuInit only).
+func fakeCUDA(t *testing.T, variant string) string {
+	t.Helper()
+	libOnce.Do(func() {
+		gcc, err := exec.LookPath("gcc")
+		if err != nil {
+			libErr = fmt.Errorf("gcc is needed to build the stand-in libcuda.so.1: %w", err)
+			return
+		}
+		src, err := filepath.Abs("../../cmd/gpupin-cuda-probe/testdata/fakecuda.c")
+		if err != nil {
+			libErr = err
+			return
+		}
+		libDirs = map[string]string{}
+		for v, defs := range map[string][]string{"": nil, "old": {"-DOLD_UUID"}, "bare": {"-DONLY_INIT"}} {
+			dir, err := os.MkdirTemp("", "gpupin-fake-libcuda-")
+			if err != nil {
+				libErr = err
+				return
+			}
+			args := append([]string{"-Wall", "-Werror", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcuda.so.1")}, defs...)
+			out, err := exec.Command(gcc, append(args, src)...).CombinedOutput()
+			if err != nil {
+				libErr = fmt.Errorf("gcc %v: %w\n%s", defs, err, out)
+				return
+			}
+			libDirs[v] = dir
+		}
+	})
+	if libErr != nil {
+		t.Fatal(libErr)
+	}
+	return libDirs[variant]
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	for _, d := range libDirs {
+		os.RemoveAll(d)
+	}
+	os.Exit(code)
+}
+
+// runProbe runs the embedded script, as gpupin ships it, against the fake
+// torch, with the stand-in libcuda.so.1 as the driver torch loaded (env may
+// name another LD_LIBRARY_PATH).
 func runProbe(t *testing.T, cfg fakeTorch, env ...string) ([]byte, int) {
 	t.Helper()
 	dir := t.TempDir()
@@ -66,6 +124,8 @@ func runProbe(t *testing.T, cfg fakeTorch, env ...string) ([]byte, int) {
 		"GPUPIN_FAKE_TORCH="+string(js),
 		"GPUPIN_ENGINE=",
 		"HOME="+dir,
+		"LD_LIBRARY_PATH="+fakeCUDA(t, ""),
+		"GPUPIN_FAKE_CUDA=ok",
 	)
 	cmd.Env = append(cmd.Env, env...)
 	var out bytes.Buffer
@@ -97,7 +157,10 @@ func TestTorchProbeSimulatedPass(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
 	}
-	if len(v.Devices) != 2 || v.Devices[0].UUID != "GPU-"+h200.UUID || v.Devices[0].CC != "9.0" || v.Devices[1].CC != "8.9" {
+	// The H200's UUID from torch's properties; the L4 has none there (an
+	// older torch), so the driver's is read: device 1 of the stand-in.
+	if len(v.Devices) != 2 || v.Devices[0].UUID != "GPU-"+h200.UUID || v.Devices[0].CC != "9.0" || v.Devices[1].CC != "8.9" ||
+		v.Devices[1].UUID != "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f" {
 		t.Fatalf("devices = %+v", v.Devices)
 	}
 	// 8.9 runs sm_80 SASS; 9.0 has its own.
@@ -220,6 +283,61 @@ func mustAbs(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// Each device is named by its UUID as NVML prints it: from torch's device
+// properties (PyTorch 2.x), else from the driver torch loaded
+// (cuDeviceGetUuid_v2, else cuDeviceGetUuid). A device whose UUID cannot
+// be read fails, saying why.
+func TestTorchProbeSimulatedDeviceUUIDs(t *testing.T) {
+	cfg := fakeTorch{CUDA: "12.9", Available: true, ArchList: []string{"sm_80", "sm_90"}}
+	withUUID := fakeDevice{Name: "NVIDIA H200", CC: [2]int{9, 0}, UUID: "0f1e2d3c-aaaa-bbbb-cccc-000000000001"}
+	noUUID := fakeDevice{Name: "NVIDIA H200", CC: [2]int{9, 0}}
+	const dev0, dev1 = "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f", "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f"
+	for _, tc := range []struct {
+		name       string
+		devices    []fakeDevice
+		lib        string // fakeCUDA variant
+		fakeMode   string // GPUPIN_FAKE_CUDA
+		wantUUIDs  []string
+		wantDetail string // "" = passes
+		wantFailed []int
+	}{
+		{"torch's own, prefixed as NVML prints it", []fakeDevice{withUUID}, "", "ok", []string{"GPU-" + withUUID.UUID}, "", nil},
+		{"torch's own, already prefixed", []fakeDevice{{Name: "x", CC: [2]int{9, 0}, UUID: "GPU-" + withUUID.UUID}}, "", "ok", []string{"GPU-" + withUUID.UUID}, "", nil},
+		{"driver's cuDeviceGetUuid_v2", []fakeDevice{noUUID, noUUID}, "", "ok", []string{dev0, dev1}, "", nil},
+		{"driver's cuDeviceGetUuid", []fakeDevice{noUUID, noUUID}, "old", "ok", []string{dev0, dev1}, "", nil},
+		{"driver fails on one device", []fakeDevice{noUUID, noUUID}, "", "nouuid", []string{dev0, ""},
+			"GPU 1's UUID: cuDeviceGetUuid_v2 failed with CUresult 801", []int{1}},
+		{"driver has no uuid call", []fakeDevice{noUUID}, "bare", "ok", []string{""},
+			"libcuda.so.1 has neither cuDeviceGetUuid_v2 nor cuDeviceGetUuid", []int{0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cfg
+			c.Devices = tc.devices
+			out, code := runProbe(t, c, "LD_LIBRARY_PATH="+fakeCUDA(t, tc.lib), "GPUPIN_FAKE_CUDA="+tc.fakeMode)
+			v, err := probe.Parse(out, code)
+			if tc.wantDetail == "" {
+				if err != nil || code != 0 {
+					t.Fatalf("exit %d, Parse: %v\n%s", code, err, out)
+				}
+			} else if v == nil || err == nil || code != 1 || !strings.Contains(err.Error(), tc.wantDetail) {
+				t.Fatalf("exit %d, verdict %+v, error %v; want a failure with %q\n%s", code, v, err, tc.wantDetail, out)
+			}
+			if len(v.Devices) != len(tc.wantUUIDs) {
+				t.Fatalf("devices %+v", v.Devices)
+			}
+			for i, d := range v.Devices {
+				if d.UUID != tc.wantUUIDs[i] {
+					t.Errorf("device %d UUID %q, want %q", i, d.UUID, tc.wantUUIDs[i])
+				}
+				failed := d.OK == nil || !*d.OK
+				if failed != slices.Contains(tc.wantFailed, i) {
+					t.Errorf("device %d failed %v: %s", i, failed, d.Detail)
+				}
+			}
+		})
+	}
 }
 
 // TestTorchProbeSimulatedArchRules checks arch_match, the rule for whether a

@@ -7,7 +7,10 @@
  *   corrupt   as ok, but device 1 gets one element wrong
  *   badptx    as ok, but loading the PTX fails on device 1 with 218 (INVALID_PTX)
  *             and a JIT log
+ *   nouuid    as ok, but reading device 1's UUID fails with 801 (NOT_SUPPORTED)
  * With -DNO_LOAD_EX it lacks cuModuleLoadDataEx, as old drivers might.
+ * With -DOLD_UUID it has cuDeviceGetUuid but not cuDeviceGetUuid_v2, as
+ * drivers before CUDA 11.4 (the same bytes: no MIG here).
  * Built with -DONLY_INIT it exports cuInit alone (a library too old or foreign).
  */
 #include <stdio.h>
@@ -54,7 +57,13 @@ CUresult cuDeviceGetName(char *name, int len, int dev) {
 	return 0;
 }
 
+#ifdef OLD_UUID
+CUresult cuDeviceGetUuid(unsigned char *uuid, int dev) {
+#else
 CUresult cuDeviceGetUuid_v2(unsigned char *uuid, int dev) {
+#endif
+	if (dev < 0 || dev > 1) return 101;
+	if (is("nouuid") && dev == 1) return 801;
 	for (int i = 0; i < 16; i++) uuid[i] = (unsigned char)(0x10 * dev + i);
 	return 0;
 }

@@ -9,7 +9,9 @@ It is configured by GPUPIN_FAKE_TORCH, a JSON object:
                        torch's does, answers [] when no GPU is available) and
                        torch._C._cuda_getArchFlags()
   no_arch_flags        torch._C has no _cuda_getArchFlags (CPU-only builds)
-  devices              [{name, cc: [major, minor], uuid, mismatch, nan, raise}]
+  devices              [{name, cc: [major, minor], uuid, mismatch, nan, raise}]; a
+                       device without "uuid" has no props.uuid at all, as in
+                       PyTorch before 2.x (the probe then asks libcuda.so.1)
 Tensors are symbolic: every element of a tensor has the same value, which is
 enough to model a correct matmul, a wrong one (mismatch) and NaN.
 """
@@ -75,7 +77,8 @@ def randn(shape, device=None, dtype=float32):
 class _Props:
     def __init__(self, d):
         self.name = d.get("name", "Fake GPU")
-        self.uuid = d.get("uuid", "")
+        if "uuid" in d:
+            self.uuid = d["uuid"]
         self.major, self.minor = d.get("cc", [9, 0])
 
 
