@@ -69,7 +69,9 @@ type Plan struct {
 }
 
 // Plan decides what a provision of w would do, reading the node, the pins
-// and the registry's manifests, and changing nothing.
+// and the registry's manifests, and changing nothing. Pins are read as
+// containerd holds them (a runtime with ListPins, as runtime.Runtime has,
+// is not asked to restore a pin another client took: that writes).
 func (p *Provisioner) Plan(ctx context.Context, w Want) (*Plan, error) {
 	if err := ValidateWant(w); err != nil {
 		return nil, err
@@ -80,7 +82,13 @@ func (p *Provisioner) Plan(ctx context.Context, w Want) (*Plan, error) {
 	}
 	var pins []runtime.Pin
 	if p.rt != nil {
-		if pins, err = p.rt.Pins(ctx); err != nil {
+		list := p.rt.Pins
+		if ro, ok := p.rt.(interface {
+			ListPins(context.Context) ([]runtime.Pin, error)
+		}); ok {
+			list = ro.ListPins
+		}
+		if pins, err = list(ctx); err != nil {
 			return nil, err
 		}
 	}

@@ -139,6 +139,14 @@ func (r *Runtime) Pins(ctx context.Context) ([]Pin, error) {
 	if _, err := r.Recover(ctx); err != nil {
 		return nil, err
 	}
+	return r.ListPins(ctx)
+}
+
+// ListPins lists the pins as containerd holds them now, as Pins does but
+// without recovering first: it only reads. A pin another client took
+// shows as missing (or as that client left it) until the next Pins,
+// provision or agent pass restores it. `gpupin plan` reads pins so.
+func (r *Runtime) ListPins(ctx context.Context) ([]Pin, error) {
 	ctx = r.ctx(ctx)
 	imgs, err := r.client.ImageService().List(ctx, fmt.Sprintf(`labels.%q`, LabelPin))
 	if err != nil {
