@@ -9,6 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/runtime"
 )
 
 func init() { register(detectCommand) }
@@ -20,8 +21,9 @@ func detectCommand() *cli.Command {
 		UsageText: "gpupin [--node FILE] detect [--json]",
 		Description: "Reads NVML (or the facts file of --node, marked SIMULATED). " +
 			"`detect --json` prints the JSON that --node reads. Exit 3 on a node without a usable NVIDIA driver. " +
-			"When containerd answers at --address, the text also says its version and whether its CRI plugin keeps pins " +
-			"from kubelet's image GC (containerd 1.6 has no notion of pinned images; gpupin restores pins there).",
+			"When containerd answers at --address, it also says (JSON: \"containerd\") its version and whether its CRI plugin keeps pins " +
+			"from kubelet's image GC, seen by asking the CRI plugin about a pinned record, else judged from the version " +
+			"(containerd 1.6 has no notion of pinned images; gpupin restores pins there).",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print the facts as JSON (the shape --node reads)"},
 			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED)"},
@@ -40,7 +42,13 @@ func runDetect(c *cli.Context) error {
 	}
 	w := c.App.Writer
 	if jsonOut(c) {
-		if err := writeJSON(w, f); err != nil {
+		// The facts --node reads, and beside them (a key it ignores) what
+		// containerd's CRI plugin does with pins, when it answers.
+		out := struct {
+			*node.Facts
+			Containerd *runtime.CRIPinning `json:"containerd,omitempty"`
+		}{Facts: f, Containerd: criPinning(c)}
+		if err := writeJSON(w, out); err != nil {
 			return cli.Exit(err.Error(), exitError)
 		}
 	} else {
@@ -83,10 +91,10 @@ func writeFacts(w io.Writer, f *node.Facts) {
 }
 
 // writeCRINote says, when containerd answers, whether its CRI plugin keeps
-// pins from kubelet's image GC: containerd 1.6 has no notion of pinned
-// images, and an operator should know that gpupin restores pins there
-// rather than kubelet keeping them. Not in --json: that prints the facts
-// --node reads, and nothing else.
+// pins from kubelet's image GC, and whether that was seen (the CRI plugin
+// asked about a pinned record) or judged from the version: containerd 1.6
+// has no notion of pinned images, and an operator should know that gpupin
+// restores pins there rather than kubelet keeping them.
 func writeCRINote(c *cli.Context, w io.Writer) {
 	rt, err := connect(c, registryPolicy(c))
 	if err != nil {
@@ -101,6 +109,26 @@ func writeCRINote(c *cli.Context, w io.Writer) {
 	}
 	fmt.Fprintf(w, "containerd:  %s, namespace %s\n", cri.Version, rt.Namespace())
 	fmt.Fprintf(w, "  pinned:    %s\n", cri.Note)
+	if cri.How == runtime.CRISeen {
+		fmt.Fprintf(w, "  (seen: the CRI plugin reports %s pinned: %v)\n", cri.Image, cri.Kept)
+	} else {
+		fmt.Fprintf(w, "  (%s: %s)\n", cri.How, cri.Why)
+	}
+}
+
+// criPinning is what containerd's CRI plugin does with pins, or nil when
+// containerd does not answer.
+func criPinning(c *cli.Context) *runtime.CRIPinning {
+	rt, err := connect(c, registryPolicy(c))
+	if err != nil {
+		return nil
+	}
+	defer rt.Close()
+	cri, err := rt.CRIPinning(c.Context)
+	if err != nil {
+		return nil
+	}
+	return &cri
 }
 
 // nodeSummary is one line about the node, for plan.
