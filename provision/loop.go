@@ -306,6 +306,31 @@ func (l *Loop) InFlight() int {
 // Kick asks for a pass now: due engines run and the node is read again.
 func (l *Loop) Kick() { l.wake() }
 
+// Recheck makes the engines whose status or want has this key due now,
+// as if their wants had changed: a caller that saw an engine's pin go
+// (`gpupin unpin` beside the agent) has it provisioned again at once
+// rather than at its next Recheck; a run under way is left to finish.
+// It reports whether any matched.
+func (l *Loop) Recheck(key string) bool {
+	l.mu.Lock()
+	found := false
+	for _, e := range l.entries {
+		if e.status.Key != key && e.want.Key() != key {
+			continue
+		}
+		found = true
+		// A run under way answers afresh anyway: not cut short.
+		if e.running == nil {
+			l.changed(e)
+		}
+	}
+	l.mu.Unlock()
+	if found {
+		l.wake()
+	}
+	return found
+}
+
 func (l *Loop) wake() {
 	select {
 	case l.kick <- struct{}{}:
