@@ -1,3 +1,20 @@
+// Package agent is gpupin's node agent: a provision.Loop fed by a wants
+// file it watches, by a local HTTP API on a unix socket and by its
+// embedder, with optional Prometheus metrics, a periodic pass that
+// restores pins other clients took, and node-feature-discovery labels.
+//
+// Start with Run and a RunConfig: a *runtime.Runtime (runtime.Connect) is
+// all it needs, and its zero value is the CLI's safe defaults (the
+// operator's overrides file, the shared lock directory, NVML):
+//
+//	err := agent.Run(ctx, agent.RunConfig{
+//		Runtime: rt,
+//		Wants:   []provision.Want{{Ref: "registry.example/org/vllm:0.11.0"}},
+//		Loop:    provision.LoopOptions{OnChange: startOrDrainReplicas},
+//	})
+//
+// `gpupin agent` is that call with flags. New, Reload, Watch and Maintain
+// are Run's parts, for a program that assembles its own.
 package agent
 
 import (
@@ -29,17 +46,23 @@ type Options struct {
 	ConfigPath string
 	// OverridesPath is the node's overrides file, the one `gpupin override`
 	// writes; PUT /v1/overrides writes it too, so an override outlives a
-	// restart. Empty: overrides set through the API live in memory.
+	// restart. Empty: Run reads images.DefaultOverridesPath, as the CLI
+	// does; New takes it as given, and overrides set through the API then
+	// live in memory.
 	OverridesPath string
-	Logger        *slog.Logger
+	// NoOverridesFile makes Run read and write no overrides file: an
+	// embedder that sets every override itself (Want.Override, the API).
+	NoOverridesFile bool
+	Logger          *slog.Logger
 	// Sweeper removes what interrupted gpupin processes left; nil: the
 	// PinLister, when it is one (a *runtime.Runtime is).
 	Sweeper Sweeper
-	// SweepEvery is how often Watch sweeps leftovers whose owner is gone:
-	// a probe orphaned after the loop's sweep at start (an agent killed
-	// while a new one started, a `gpupin provision` killed beside the
-	// agent) is stopped within it. Default DefaultSweepEvery; negative: no
-	// periodic sweep.
+	// SweepEvery is the period of Maintain's pass: leftovers whose owner
+	// is gone are swept (a probe orphaned after the loop's sweep at start,
+	// an agent killed while a new one started, a `gpupin provision` killed
+	// beside the agent), pins other clients took are restored, and a ready
+	// engine whose pin went loses its node label, all within it. Default
+	// DefaultSweepEvery; negative: no periodic pass.
 	SweepEvery time.Duration
 	// Recoverer puts back pins other clients of containerd took (kubelet's
 	// image GC, a pull of a pinned reference), on the same timer as the
@@ -86,6 +109,11 @@ type Agent struct {
 	fileOv   map[string]string
 
 	features *FeatureFile // nil: no NFD feature file
+	goneMu   sync.Mutex
+	// gone holds ready statuses (by key, the status's At) whose pin
+	// CheckPins found gone: their NFD lines are left out until the loop
+	// reports the engine anew.
+	gone map[string]time.Time
 
 	watching chan struct{} // closed once Watch sees the files' directories
 	reloads  atomic.Int64  // reloads Watch has done
@@ -106,7 +134,7 @@ func New(loop *provision.Loop, pins PinLister, opts Options) *Agent {
 	if opts.SweepEvery == 0 {
 		opts.SweepEvery = DefaultSweepEvery
 	}
-	a := &Agent{loop: loop, pins: pins, opts: opts, cfg: &Config{}, fileOv: map[string]string{}, watching: make(chan struct{})}
+	a := &Agent{loop: loop, pins: pins, opts: opts, cfg: &Config{}, fileOv: map[string]string{}, gone: map[string]time.Time{}, watching: make(chan struct{})}
 	if opts.NFDFeaturesDir != "" {
 		f, err := NewFeatureFile(opts.NFDFeaturesDir)
 		if err != nil {
@@ -130,13 +158,104 @@ func (a *Agent) SyncFeatures() {
 	if a.features == nil {
 		return
 	}
-	wrote, err := a.features.Sync(a.loop.Status())
+	wrote, err := a.features.Sync(a.live(a.loop.Status()))
 	switch {
 	case err != nil:
 		a.opts.Logger.Error("NFD feature file not written; node labels may be stale", "path", a.features.Path, "err", err)
 	case wrote:
 		a.opts.Logger.Info("NFD feature file written", "path", a.features.Path)
 	}
+}
+
+// live leaves out the ready statuses whose pin CheckPins found gone, and
+// forgets those the loop has reported anew since.
+func (a *Agent) live(sts []provision.Status) []provision.Status {
+	a.goneMu.Lock()
+	defer a.goneMu.Unlock()
+	out := make([]provision.Status, 0, len(sts))
+	still := map[string]bool{}
+	for _, st := range sts {
+		if at, ok := a.gone[st.Key]; ok && st.State == provision.Ready && st.At.Equal(at) {
+			still[st.Key] = true
+			continue
+		}
+		out = append(out, st)
+	}
+	for k := range a.gone {
+		if !still[k] {
+			delete(a.gone, k)
+		}
+	}
+	return out
+}
+
+// CheckPins looks, in containerd only (no registry), at every engine the
+// loop reports ready: when its pin is no longer the key's pin (`gpupin
+// unpin` beside the agent, or a pin another client took that could not be
+// restored) or its local name is gone, the engine's NFD line goes at once
+// (pods must not be scheduled onto a node that would fail them with
+// ErrImageNeverPull) and the loop provisions it again now rather than at
+// its next recheck. Maintain calls it every pass; it reports the keys it
+// found gone.
+func (a *Agent) CheckPins(ctx context.Context) []string {
+	var ready []provision.Status
+	for _, st := range a.loop.Status() {
+		if st.State == provision.Ready && st.Pinned != "" {
+			ready = append(ready, st)
+		}
+	}
+	if len(ready) == 0 {
+		return nil
+	}
+	list := a.pins.Pins
+	if r, ok := a.pins.(interface {
+		ListPins(context.Context) ([]runtime.Pin, error)
+	}); ok {
+		list = r.ListPins // Recover ran just before: reading is enough
+	}
+	pins, err := list(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			a.opts.Logger.Warn("checking the ready engines' pins failed", "err", err)
+		}
+		return nil
+	}
+	byKey := map[string]runtime.Pin{}
+	for _, p := range pins {
+		if !p.Tampered {
+			byKey[p.Key] = p
+		}
+	}
+	var gone []string
+	for _, st := range ready {
+		p, ok := byKey[st.Key]
+		var why string
+		switch {
+		case !ok:
+			why = "its pin is gone (unpinned, or removed by another client and not restorable)"
+		case p.Ref != st.Pinned:
+			why = "the key is pinned to " + p.Ref + " now"
+		case st.Pin != nil && st.Pin.Local != "" && p.Local == "":
+			why = "its local name " + st.Pin.Local + " is gone"
+		default:
+			continue
+		}
+		a.opts.Logger.Warn("ready engine lost its pin: node label removed, provisioning again", "key", st.Key, "pinned", st.Pinned, "why", why)
+		if a.features != nil {
+			a.goneMu.Lock()
+			a.gone[st.Key] = st.At
+			a.goneMu.Unlock()
+		}
+		gone = append(gone, st.Key)
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	a.SyncFeatures()
+	for _, k := range gone {
+		a.loop.Recheck(k)
+	}
+	return gone
 }
 
 // FeaturesPath is the NFD feature file the agent keeps, or "".

@@ -1,7 +1,3 @@
-// Package agent is gpupin's node agent: a provision.Loop fed by a config
-// file it watches and by a local HTTP API on a unix socket, with optional
-// Prometheus metrics. `gpupin agent` runs it; a gateway's own agent can
-// embed it or use provision.Loop directly.
 package agent
 
 import (

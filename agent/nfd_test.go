@@ -269,7 +269,8 @@ func TestAgentSimulatedWritesNFDFeatureFile(t *testing.T) {
 
 	// Another client deletes the pin and its local name (kubelet's image
 	// GC on containerd 1.6): the agent's timer puts both back.
-	go a.Watch(ctx)
+	wg.Add(1)
+	go func() { defer wg.Done(); a.Maintain(ctx) }()
 	nsctx := namespaces.WithNamespace(context.Background(), rt.Namespace())
 	is := rt.Client().ImageService()
 	for _, name := range []string{pins[0].Ref, pins[0].Local} {

@@ -8,48 +8,88 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
+	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/runtime"
 )
 
 // RunConfig is a whole agent, as `gpupin agent` runs one; Run takes it.
+// Beside Runtime its zero value is the CLI's safe defaults: the operator's
+// overrides file at images.DefaultOverridesPath, provision's lock
+// directory (provision.DefaultLockDir, shared with `gpupin provision`),
+// NVML for node facts, a periodic pass every DefaultSweepEvery; no wants
+// file, API, metrics or NFD file unless named.
 type RunConfig struct {
 	// Runtime is containerd, in the namespace the pins live in.
 	Runtime *runtime.Runtime
 	// Provision are the provisioner's options (node facts, GPUs, probe
-	// limits, …); the agent adds its logger, in-memory overrides and
-	// metrics to them.
+	// limits, …); the agent adds its logger, its overrides and metrics.
 	Provision []provision.Option
 	// Loop tunes the converge loop (Recheck, RetryMin, NodeCheck,
-	// Parallel); its callbacks are the agent's.
+	// Parallel). Its OnChange, when set, sees each change after the agent
+	// has (the place to start or drain replicas); OnResult is the
+	// metrics' when MetricsAddress is set.
 	Loop provision.LoopOptions
 	// Options are the Agent's (wants file, overrides file, NFD directory,
-	// sweep period).
+	// sweep period). OverridesPath "" is images.DefaultOverridesPath here;
+	// NoOverridesFile opts out.
 	Options
+	// Wants are wanted from the start, as PUT /v1/wants would set them:
+	// they hold until the wants file (ConfigPath) next changes. nil: the
+	// file's, or none.
+	Wants []provision.Want
+	// Started, when set, is handed the agent once it runs: call its
+	// SetWants whenever the wanted engines change, SetOverride, Status.
+	Started func(*Agent)
 	// Socket is the API's unix socket; "" serves no API.
 	Socket string
 	// MetricsAddress serves Prometheus metrics on HOST:PORT; "" serves none.
 	MetricsAddress string
 }
 
-// Run runs an agent until ctx ends: it reads its files (a bad wants file
-// at start is an *InputError), serves the API and metrics, watches the
-// files, sweeps and restores pins on a timer, and converges. It returns
-// once every provision in flight has finished its cleanup.
-func Run(ctx context.Context, cfg RunConfig) error {
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
-		cfg.Logger = log
+// withDefaults fills in what the zero value leaves out.
+func (cfg RunConfig) withDefaults() RunConfig {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
-	rt := cfg.Runtime
+	// The operator's `gpupin override` must count for an embedded agent
+	// as for `gpupin agent`: no file only when asked for.
+	if cfg.OverridesPath == "" && !cfg.NoOverridesFile {
+		cfg.OverridesPath = defaultOverridesPath
+	}
+	if cfg.NoOverridesFile {
+		cfg.OverridesPath = ""
+	}
+	return cfg
+}
+
+// defaultOverridesPath is images.DefaultOverridesPath; tests move it.
+var defaultOverridesPath = images.DefaultOverridesPath
+
+// Run runs an agent until ctx ends: it reads its files (a bad wants file
+// or a bad RunConfig.Wants at start is an *InputError), serves the API and
+// metrics, watches the files, runs the periodic pass (Maintain: sweep,
+// restore pins, check ready pins, NFD file), and converges. It returns
+// once every provision in flight has finished its cleanup and every
+// background task (servers, watcher, periodic pass) has stopped, so the
+// caller may close the runtime then. Nothing is served when a listener
+// cannot be made: Run returns that error having closed the others.
+func Run(ctx context.Context, cfg RunConfig) error {
+	if cfg.Runtime == nil {
+		return errors.New("agent: RunConfig.Runtime is nil")
+	}
+	cfg = cfg.withDefaults()
+	log, rt := cfg.Logger, cfg.Runtime
 	var (
 		loop    *provision.Loop
 		a       *Agent
 		metrics *Metrics
 	)
+	// The agent reads the overrides file itself (watched, and written by
+	// its API) and hands the loop what it read.
 	popts := append(append([]provision.Option(nil), cfg.Provision...), provision.WithLogger(log), provision.WithOverrides(provision.NewOverrides()))
 	lopts := cfg.Loop
 	lopts.Logger = log
@@ -60,7 +100,13 @@ func Run(ctx context.Context, cfg RunConfig) error {
 	}
 	// The feature file follows every change of an engine's state; a is set
 	// before the loop runs or its wants are set.
-	lopts.OnChange = func(st provision.Status) { a.StatusChanged(st) }
+	onChange := cfg.Loop.OnChange
+	lopts.OnChange = func(st provision.Status) {
+		a.StatusChanged(st)
+		if onChange != nil {
+			onChange(st)
+		}
+	}
 	loop = provision.NewLoop(provision.New(rt, popts...), lopts)
 	a = New(loop, rt, cfg.Options)
 	if cri, err := rt.CRIPinning(ctx); err == nil {
@@ -70,55 +116,81 @@ func Run(ctx context.Context, cfg RunConfig) error {
 		if !cri.Kept {
 			level = slog.LevelWarn
 		}
-		log.Log(ctx, level, "containerd "+cri.Version+": "+cri.Note, "namespace", rt.Namespace(), "cri_keeps_pins", cri.Kept)
+		log.Log(ctx, level, "containerd "+cri.Version+": "+cri.Note, "namespace", rt.Namespace(), "cri_keeps_pins", cri.Kept,
+			"cri_pinning", cri.How, "cri_image", cri.Image)
 	}
 	if err := a.Reload(); err != nil {
 		// At start there is no last good reading to keep.
 		return &InputError{Err: err}
 	}
+	if cfg.Wants != nil {
+		if err := a.SetWants(cfg.Wants); err != nil {
+			return err
+		}
+	}
 
+	// Every listener first: a half-served agent (an API whose metrics
+	// address is taken) would outlive the error Run returns.
 	var servers []*http.Server
+	var lns []net.Listener
+	closeAll := func() {
+		for _, ln := range lns {
+			ln.Close() // a unix socket's file goes with it
+		}
+	}
 	if cfg.Socket != "" {
 		ln, err := ListenUnix(cfg.Socket)
 		if err != nil {
 			return err
 		}
-		defer os.Remove(cfg.Socket)
-		api := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
-		go serve(log, "api", api, ln)
-		servers = append(servers, api)
+		lns = append(lns, ln)
+		servers = append(servers, &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second})
 	}
 	if cfg.MetricsAddress != "" {
 		mln, err := net.Listen("tcp", cfg.MetricsAddress)
 		if err != nil {
+			closeAll()
 			return fmt.Errorf("metrics address: %w", err)
 		}
+		lns = append(lns, mln)
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", metrics.Handler())
-		ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go serve(log, "metrics", ms, mln)
-		servers = append(servers, ms)
+		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
 		log.Info("serving metrics", "address", mln.Addr().String())
 	}
-	go func() {
-		if err := a.Watch(ctx); err != nil {
-			log.Error("config files are not watched; changes need a restart or the API", "err", err)
+
+	bctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var bg sync.WaitGroup
+	for i, s := range servers {
+		bg.Go(func() { serve(log, s, lns[i]) })
+	}
+	bg.Go(func() {
+		if err := a.Watch(bctx); err != nil {
+			log.Error("config files are not watched; changes need a restart or the API (pins are still restored every sweep period)", "err", err)
 		}
-	}()
-	log.Info("agent started", "socket", cfg.Socket, "config", cfg.ConfigPath, "namespace", rt.Namespace(),
-		"local_prefix", rt.LocalPrefix(), "nfd_features", a.FeaturesPath(), "pid", os.Getpid())
+	})
+	// Apart from the watcher: pins come back even where it cannot run.
+	bg.Go(func() { a.Maintain(bctx) })
+	log.Info("agent started", "socket", cfg.Socket, "config", cfg.ConfigPath, "overrides", cfg.OverridesPath, "namespace", rt.Namespace(),
+		"local_prefix", rt.LocalPrefix(), "nfd_features", a.FeaturesPath(), "sweep_every", a.opts.SweepEvery.String(), "pid", os.Getpid())
+	if cfg.Started != nil {
+		cfg.Started(a)
+	}
 	loop.Run(ctx)
+	stop()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	for _, s := range servers {
 		s.Shutdown(sctx)
 	}
+	bg.Wait()
 	log.Info("agent stopped")
 	return nil
 }
 
-func serve(log *slog.Logger, name string, s *http.Server, ln net.Listener) {
+func serve(log *slog.Logger, s *http.Server, ln net.Listener) {
 	if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		log.Error("server stopped", "server", name, "err", err)
+		log.Error("server stopped", "address", ln.Addr().String(), "err", err)
 	}
 }

@@ -138,7 +138,7 @@ func TestAgentSimulatedPeriodicSweepStopsOrphanedProbe(t *testing.T) {
 			a := agent.New(loop, rt, agent.Options{SweepEvery: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			wctx, cancel := context.WithCancel(ctx)
 			watched := make(chan struct{})
-			go func() { a.Watch(wctx); close(watched) }()
+			go func() { a.Maintain(wctx); close(watched) }()
 			defer func() { cancel(); <-watched }()
 
 			// Sweeps while the owner lives leave its probe alone.

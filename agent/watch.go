@@ -15,16 +15,21 @@ import (
 // debounce gathers the burst of events one save makes into one reload.
 const debounce = 100 * time.Millisecond
 
-// Watch reloads the files when they change, and sweeps leftovers every
-// Options.SweepEvery, until ctx ends. It watches the files' directories,
-// not the files: an editor that writes a new file and renames it over the
-// old, and Kubernetes swapping a ConfigMap's ..data link, both replace the
-// inode a file watch would hold. A symlinked overrides file is written
-// through its link (images.UpdateOverrides), so the target's directory is
-// watched too. Every event in a directory triggers a reload; Reload
-// applies only what changed.
+// newWatcher makes the file watcher; tests make it fail, as an exhausted
+// inotify limit (fs.inotify.max_user_instances) does.
+var newWatcher = fsnotify.NewWatcher
+
+// Watch reloads the files when they change, until ctx ends. It watches the
+// files' directories, not the files: an editor that writes a new file and
+// renames it over the old, and Kubernetes swapping a ConfigMap's ..data
+// link, both replace the inode a file watch would hold. A symlinked
+// overrides file is written through its link (images.UpdateOverrides), so
+// the target's directory is watched too. Every event in a directory
+// triggers a reload; Reload applies only what changed. It returns an
+// error at once when the files cannot be watched (inotify exhausted):
+// Maintain, which restores pins, does not depend on it.
 func (a *Agent) Watch(ctx context.Context) error {
-	w, err := fsnotify.NewWatcher()
+	w, err := newWatcher()
 	if err != nil {
 		return fmt.Errorf("watch files: %w", err)
 	}
@@ -53,13 +58,6 @@ func (a *Agent) Watch(ctx context.Context) error {
 		dirs[d] = true
 	}
 	close(a.watching)
-	if (a.opts.Sweeper != nil || a.opts.Recoverer != nil || a.features != nil) && a.opts.SweepEvery > 0 {
-		// Its own goroutine: a sweep that kills a probe waits for it, and
-		// reloads must not wait on that.
-		swept := make(chan struct{})
-		defer func() { <-swept }()
-		go func() { defer close(swept); a.sweepEvery(ctx) }()
-	}
 	var fire <-chan time.Time
 	for {
 		select {
@@ -86,12 +84,26 @@ func (a *Agent) Watch(ctx context.Context) error {
 	}
 }
 
-// sweepEvery sweeps leftovers of dead owners on a ticker until ctx ends.
-// The loop sweeps at its start; this catches what is orphaned later: a
-// process that died after it (an old agent outliving the start of a new
-// one, a `gpupin provision` killed beside the agent). A sweep never
-// touches what a live process owns, pins, or replicas.
-func (a *Agent) sweepEvery(ctx context.Context) {
+// Maintain runs the agent's periodic pass every Options.SweepEvery until
+// ctx ends, and returns once the pass in progress has finished (Run waits
+// for it before the caller closes the runtime). Each pass:
+//
+//   - sweeps leftovers of dead owners (Options.Sweeper): the loop sweeps
+//     at its start; this catches what is orphaned later, a process that
+//     died after it (an old agent outliving the start of a new one, a
+//     `gpupin provision` killed beside the agent). A sweep never touches
+//     what a live process owns, pins, or replicas;
+//   - restores pins other clients took (Options.Recoverer);
+//   - checks that every ready engine's pin and local name are still
+//     there (CheckPins), which only reads containerd;
+//   - rewrites the NFD feature file if someone removed or edited it.
+//
+// It runs apart from Watch, so a node whose inotify is exhausted still
+// gets its pins back within the period. A negative SweepEvery: no pass.
+func (a *Agent) Maintain(ctx context.Context) {
+	if a.opts.SweepEvery <= 0 {
+		return
+	}
 	t := time.NewTicker(a.opts.SweepEvery)
 	defer t.Stop()
 	for {
@@ -100,20 +112,26 @@ func (a *Agent) sweepEvery(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if a.opts.Sweeper != nil {
-			s, err := a.opts.Sweeper.SweepOrphans(ctx)
-			switch {
-			case err != nil && ctx.Err() == nil:
-				a.opts.Logger.Warn("periodic sweep of leftovers failed", "err", err)
-			case s.Containers+s.Leases+s.Candidates > 0:
-				a.opts.Logger.Info("swept leftovers of interrupted runs", "containers", s.Containers, "leases", s.Leases, "candidates", s.Candidates, "periodic", true)
-			}
-		}
-		a.recover(ctx)
-		// Rewritten if someone removed or edited it.
-		a.SyncFeatures()
-		a.sweeps.Add(1)
+		a.pass(ctx)
 	}
+}
+
+// pass is one periodic pass of Maintain.
+func (a *Agent) pass(ctx context.Context) {
+	if a.opts.Sweeper != nil {
+		s, err := a.opts.Sweeper.SweepOrphans(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			a.opts.Logger.Warn("periodic sweep of leftovers failed", "err", err)
+		case s.Containers+s.Leases+s.Candidates > 0:
+			a.opts.Logger.Info("swept leftovers of interrupted runs", "containers", s.Containers, "leases", s.Leases, "candidates", s.Candidates, "periodic", true)
+		}
+	}
+	a.recover(ctx)
+	a.CheckPins(ctx)
+	// Rewritten if someone removed or edited it.
+	a.SyncFeatures()
+	a.sweeps.Add(1)
 }
 
 // recover puts back pins that other clients took: kubelet's image GC on a
@@ -142,5 +160,5 @@ func (a *Agent) Watching() <-chan struct{} { return a.watching }
 // Reloads counts the reloads Watch has done, good or refused.
 func (a *Agent) Reloads() int64 { return a.reloads.Load() }
 
-// Sweeps counts the periodic sweeps Watch has done, whatever they found.
+// Sweeps counts the periodic passes Maintain has done, whatever they found.
 func (a *Agent) Sweeps() int64 { return a.sweeps.Load() }
