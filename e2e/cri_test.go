@@ -13,6 +13,8 @@ import (
 
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
@@ -154,6 +156,11 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 		provision.WithOverrides(provision.NoOverrides()), provision.WithLockDir(filepath.Join(e.dir, "locks")),
 		provision.WithProbeTimeout(30*time.Second), provision.WithProbeDir(filepath.Join(e.dir, "probe")))
 	want := provision.Want{Engine: "demo", Version: "1.0", Ref: e.reg.Host + "/demo:1.0"}
+	// Nothing gpupin labelled pinned yet: judged from the version.
+	if c, err := e.rt.CRIPinning(ctx); err != nil || c.How != runtime.CRIJudged || c.Kept != runtime.CRIPinningOf(e.d.Version).Kept ||
+		!strings.Contains(c.Why, "no image record") {
+		t.Fatalf("CRIPinning before any pin = %+v, %v; want judged from the version, for want of a record", c, err)
+	}
 	st := p.Provision(ctx, want)
 	if st.State != provision.Ready || st.Variant != "cu129" {
 		t.Fatalf("provision: %v", st)
@@ -177,8 +184,19 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 	if out := e.must("images"); !strings.Contains(out, "gpupin.local/demo") {
 		t.Fatalf("crictl images lacks the local name:\n%s", out)
 	}
-	if got := runtime.CRIPinningOf(e.d.Version); got.Kept != (e.d.Major >= 2) {
+	if got := runtime.CRIPinningOf(e.d.Version); got.Kept != (e.d.Major >= 2) || got.How != runtime.CRIJudged {
 		t.Errorf("CRIPinningOf(%s) = %+v", e.d.Version, got)
+	}
+	// Seen, not judged: the CRI plugin is asked about the local name, and
+	// says what crictl says. Debian's 1.6.20 reports it not pinned; 2.4.2
+	// pinned.
+	cri, err := e.rt.CRIPinning(ctx)
+	t.Logf("containerd %s: CRIPinning %+v", e.d.Version, cri)
+	if err != nil || cri.How != runtime.CRISeen || cri.Image != local || cri.Kept != pinned || cri.Version != e.d.Version {
+		t.Fatalf("CRIPinning = %+v, %v; want seen on %s, pinned %v as crictl says", cri, err, local, pinned)
+	}
+	if cri.Kept != (e.d.Major >= 2) {
+		t.Errorf("containerd %s's CRI plugin says pinned %v: docs/operations.md says otherwise", e.d.Version, cri.Kept)
 	}
 
 	// A node without a proof of an engine has no such image: with
@@ -197,8 +215,18 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 	if e.d.Major >= 2 {
 		note = "reports pins as pinned"
 	}
-	if !strings.Contains(string(out), "containerd:  "+e.d.Version) || !strings.Contains(string(out), note) {
-		t.Fatalf("gpupin detect does not say %q:\n%s", note, out)
+	seen := fmt.Sprintf("(seen: the CRI plugin reports %s pinned: %v)", local, e.d.Major >= 2)
+	if !strings.Contains(string(out), "containerd:  "+e.d.Version) || !strings.Contains(string(out), note) || !strings.Contains(string(out), seen) {
+		t.Fatalf("gpupin detect does not say %q and %q:\n%s", note, seen, out)
+	}
+	out, err = exec.Command(gpupinBin, "--address", e.d.Address, "--namespace", "k8s.io", "detect", "--node", node, "--json").Output()
+	var facts struct {
+		Driver     string              `json:"driver"`
+		Containerd *runtime.CRIPinning `json:"containerd"`
+	}
+	if err != nil || json.Unmarshal(out, &facts) != nil || facts.Driver != "575.57.08" || facts.Containerd == nil ||
+		facts.Containerd.How != runtime.CRISeen || facts.Containerd.Kept != (e.d.Major >= 2) || facts.Containerd.Image != local {
+		t.Fatalf("gpupin detect --json: %v:\n%s", err, out)
 	}
 
 	answersFromPin := func(step string) {
@@ -314,5 +342,34 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 			t.Fatalf("CRI still knows %s after unpin", local)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Where the CRI plugin is off (the suite's shared daemon has it disabled),
+// CRIPinning says it judged from the version, and why, even with a record
+// gpupin labelled pinned in k8s.io to ask about.
+func TestCRIPinningJudgedWhenTheCRIPluginIsOff(t *testing.T) {
+	rt := testenv.Runtime(t)
+	ctx := namespaces.WithNamespace(context.Background(), runtime.CRINamespace)
+	is := rt.Client().ImageService()
+	name := "gpupin.local/judged:" + strings.ToLower(strings.ReplaceAll(testenv.Namespace(t), "_", "-"))
+	rec := images.Image{Name: name, Target: ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest,
+		Digest: digest.FromString(name), Size: 1},
+		Labels: map[string]string{runtime.LabelCRIPinned: "pinned", runtime.LabelManaged: "true", runtime.LabelLocal: "judged:1"}}
+	if _, err := is.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { is.Delete(ctx, name) })
+	c, err := rt.CRIPinning(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := rt.Client().Version(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := runtime.CRIPinningOf(v.Version)
+	if c.How != runtime.CRIJudged || c.Kept != want.Kept || c.Note != want.Note || !strings.Contains(c.Why, "does not serve") {
+		t.Fatalf("CRIPinning = %+v; want judged from the version %s because the CRI plugin does not serve", c, v.Version)
 	}
 }
