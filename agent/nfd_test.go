@@ -20,9 +20,8 @@ import (
 	"github.com/gpupin/gpupin/provision"
 )
 
-// nfd-worker could not be built here (the Go module proxy refuses
-// sigs.k8s.io/node-feature-discovery), so the file is read as its local
-// source documents and implements it: every file in features.d whose name
+// The file is read as nfd-worker's local source documents and implements
+// it (nfdworker_test.go checks it against nfd-worker itself): every file in features.d whose name
 // does not start with '.', at most 64 KiB, lines trimmed, '#' lines
 // comments ("# +" a directive, of which gpupin writes none), `name[=value]`
 // otherwise, value "true" when absent; a name is a label only with a
