@@ -13,7 +13,7 @@ import (
 	"github.com/gpupin/gpupin/provision"
 )
 
-// nfdWorker is node-feature-discovery's nfd-worker (scripts/deps.sh
+// nfdWorker is node-feature-discovery's nfd-worker (scripts/nfd-worker.sh
 // builds it into testenv.ToolsDir()); missing, the test fails.
 func nfdWorker(t *testing.T) string {
 	t.Helper()
@@ -22,7 +22,7 @@ func nfdWorker(t *testing.T) string {
 	}
 	p := filepath.Join(testenv.ToolsDir(), "nfd-worker")
 	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("nfd-worker is not installed (scripts/deps.sh builds it into %s): %v", testenv.ToolsDir(), err)
+		t.Fatalf("nfd-worker is not installed (scripts/nfd-worker.sh, which scripts/deps.sh runs, builds it into %s): %v", testenv.ToolsDir(), err)
 	}
 	return p
 }
