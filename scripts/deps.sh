@@ -7,7 +7,8 @@
 #         registry), skopeo, pigz and zstd;
 #   go install, cached under $GPUPIN_TOOLS (default /var/tmp/gpupin-tools):
 #         containerd v2.4.2 with its shim and ctr (the suite's second daemon),
-#         crictl v1.34.0 (the CRI tests) and staticcheck v0.8.2 (make test).
+#         crictl v1.34.0 (the CRI tests), staticcheck v0.8.2 (make test) and
+#         nfd-worker v0.17.3 (scripts/nfd-worker.sh: the NFD feature-file test).
 # The Go tools come through the Go module proxy; each is rebuilt only when
 # the cached binary is missing or says another version (go version -m).
 set -euo pipefail
@@ -107,4 +108,7 @@ go_has "$TOOLS/crictl" sigs.k8s.io/cri-tools "$CRICTL_VERSION" ||
 	go_build "$TOOLS/crictl" sigs.k8s.io/cri-tools "$CRICTL_VERSION" cmd/crictl
 go_has "$TOOLS/staticcheck" honnef.co/go/tools "$STATICCHECK_VERSION" ||
 	go_build "$TOOLS/staticcheck" honnef.co/go/tools "$STATICCHECK_VERSION" cmd/staticcheck
+# nfd-worker reads the agent's NFD feature file in a test; it needs a build
+# of its own (scripts/nfd-worker.sh says why).
+GPUPIN_TOOLS="$TOOLS" "$(dirname "$0")/nfd-worker.sh"
 exit 0
