@@ -164,13 +164,8 @@ func PushIndex(ctx context.Context, ref string, entries []IndexEntry, opts ...re
 		if err := remote.Write(tag.Context().Digest(mustDigest(e.Image).String()), e.Image, opts...); err != nil {
 			return v1.Hash{}, fmt.Errorf("push child: %w", err)
 		}
-		d, err := descriptorOf(e.Image)
-		if err != nil {
-			return v1.Hash{}, err
-		}
-		d.Annotations = e.Annotations
-		d.Platform = e.Platform
-		adds = append(adds, mutate.IndexAddendum{Add: e.Image, Descriptor: d})
+		// mutate fills the rest of the descriptor (partial.Descriptor).
+		adds = append(adds, mutate.IndexAddendum{Add: e.Image, Descriptor: v1.Descriptor{Annotations: e.Annotations, Platform: e.Platform}})
 	}
 	idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index, adds...), types.OCIImageIndex)
 	if err := remote.WriteIndex(tag, idx, opts...); err != nil {
@@ -220,22 +215,6 @@ func PushBlob(ctx context.Context, repo string, data []byte, mt types.MediaType)
 		return v1.Hash{}, err
 	}
 	return l.Digest()
-}
-
-func descriptorOf(img v1.Image) (v1.Descriptor, error) {
-	d, err := img.Digest()
-	if err != nil {
-		return v1.Descriptor{}, err
-	}
-	sz, err := img.Size()
-	if err != nil {
-		return v1.Descriptor{}, err
-	}
-	mt, err := img.MediaType()
-	if err != nil {
-		return v1.Descriptor{}, err
-	}
-	return v1.Descriptor{MediaType: mt, Digest: d, Size: sz}, nil
 }
 
 func mustDigest(img v1.Image) v1.Hash {
