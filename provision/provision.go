@@ -117,10 +117,10 @@ func (p *Provisioner) Converge(ctx context.Context, wants []Want) []Status {
 // provision plans w, then, under the key's lock, tries its candidates in
 // turn: the steps of Provision, each in a function of its own.
 func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
-	start := p.opts.Now()
+	start := time.Now()
 	st = Status{Key: w.Key(), Engine: w.Engine, Version: w.Version, Ref: w.Ref, Override: w.Override, State: Pending}
 	defer func() {
-		st.At = p.opts.Now()
+		st.At = time.Now()
 		st.Duration = st.At.Sub(start)
 		p.emit(st)
 	}()
@@ -324,7 +324,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		kind, _ := v.Runtime["probe"].(string) // Probe says which ran, the emulator included
 		pin = runtime.Pin{
 			Key: st.Key, Ref: pulled.Name, Digest: pulled.Digest, Variant: c.Variant, Source: w.Ref,
-			Override: pl.Override, Node: facts.Fingerprint(), ProbedAt: p.opts.Now(),
+			Override: pl.Override, Node: facts.Fingerprint(), ProbedAt: time.Now(),
 			Probe: kind, Verdict: compactVerdict(v), Simulated: facts.Simulated,
 		}
 		// The pin is one update plus a demotion: once begun it is
