@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -48,6 +49,48 @@ func (p *Provisioner) Name(ctx context.Context, w Want) (*Named, error) {
 	var pl Plan
 	pl.name(w, ref, set)
 	return &Named{Set: set, Engine: pl.Engine, Version: pl.Version, Key: pl.Key, NamedBy: pl.NamedBy}, nil
+}
+
+// CheckOverride checks an override of engine against the image it is
+// meant for, before it is filed: ref must be that engine as a provision
+// names it (Name), and a variant override must be one ref publishes. A
+// mismatch is ErrInvalidWant; a registry that does not answer, its own
+// error.
+func (p *Provisioner) CheckOverride(ctx context.Context, engine string, ov images.Override, ref string) error {
+	named, err := p.Name(ctx, Want{Ref: ref})
+	if err != nil {
+		return err
+	}
+	if named.Engine != engine {
+		return newOutcome(ErrInvalidWant, nil, "%s is engine %s (named by its %s), not %s", ref, named.Engine, namedByWords(named.NamedBy), engine)
+	}
+	if ov.Kind != images.OverrideVariant {
+		return nil
+	}
+	var published []string
+	for _, v := range named.Set.Variants {
+		if !slices.Contains(published, v.Variant) {
+			published = append(published, v.Variant)
+		}
+	}
+	if !slices.Contains(published, ov.Variant) {
+		slices.Sort(published)
+		return newOutcome(ErrInvalidWant, nil, "variant %s is not published under %s; published: %s", ov.Variant, ref, strings.Join(published, ", "))
+	}
+	return nil
+}
+
+// namedByWords says how a key was named, as a person reads it.
+func namedByWords(by string) string {
+	switch by {
+	case NamedByMetadata:
+		return "io.gpupin.engine metadata"
+	case NamedByPin:
+		return "pin"
+	case NamedByWant:
+		return "want"
+	}
+	return "repository's last element"
 }
 
 // ProbeTarget is an image as a provision would probe it: the engine it is

@@ -77,6 +77,11 @@ func (r outsideRuntime) Pins(ctx context.Context) (pins []runtime.Pin, err error
 	return pins, err
 }
 
+func (r outsideRuntime) PreviousPins(ctx context.Context) (pins []runtime.Pin, err error) {
+	r.o.call(ctx, func(ctx context.Context) { pins, err = r.rt.PreviousPins(ctx) })
+	return pins, err
+}
+
 func (r outsideRuntime) SetPin(ctx context.Context, p runtime.Pin, opts runtime.SetPinOptions) (err error) {
 	r.o.call(ctx, func(ctx context.Context) { err = r.rt.SetPin(ctx, p, opts) })
 	return err

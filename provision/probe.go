@@ -48,6 +48,32 @@ func (p *Provisioner) Probe(ctx context.Context, image string, meta images.Metad
 	return v, tail, nil
 }
 
+// ProbeReport is a probe of an image alone (ProbeImage): what was probed
+// and why that probe, its verdict, and how long it took.
+type ProbeReport struct {
+	Image   string
+	Target  *ProbeTarget
+	Verdict *probe.Verdict
+	// Output is the tail of the probe's output.
+	Output   string
+	Duration time.Duration
+}
+
+// ProbeImage is `gpupin probe`: it reads an image already pulled as a
+// provision reads it (ProbeTarget), runs the probe a provision would run
+// (Probe), and pins nothing. An image that cannot be read returns no
+// report (ErrInvalidWant, ErrUnsupported, ErrNotPulled, …); a probe that
+// fails returns its report and its error (a *probe.Failure).
+func (p *Provisioner) ProbeImage(ctx context.Context, image string, as ProbeAs) (*ProbeReport, error) {
+	t, err := p.ProbeTarget(ctx, image, as)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	v, out, err := p.Probe(ctx, image, t.Meta, t.Engine, t.Node)
+	return &ProbeReport{Image: image, Target: t, Verdict: v, Output: out, Duration: time.Since(start)}, err
+}
+
 // probeRun is a probe about to run: which one, its program, and the GPUs
 // it is given.
 type probeRun struct {

@@ -22,6 +22,7 @@ import (
 // Runtime is what provisioning needs of containerd (runtime.Runtime).
 type Runtime interface {
 	Pins(ctx context.Context) ([]runtime.Pin, error)
+	PreviousPins(ctx context.Context) ([]runtime.Pin, error)
 	SetPin(ctx context.Context, p runtime.Pin, opts runtime.SetPinOptions) error
 	WithLease(ctx context.Context, fn func(ctx context.Context) error) error
 	Pull(ctx context.Context, ref string, opts runtime.PullOptions) (runtime.Pulled, error)
