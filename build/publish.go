@@ -1,6 +1,3 @@
-// Package build publishes engine variants as one tag whose OCI index carries
-// gpupin's io.gpupin.* metadata (Publish), and assembles variant images
-// without a Docker engine (Build).
 package build
 
 import (

@@ -4,6 +4,10 @@
 //
 // Start with New(rt, options...) and Provision or Converge; Plan says what
 // a provision would do without doing it; NewLoop keeps a node converged.
+// A Status that is not ready carries Err, classed by ErrNoCandidate,
+// ErrUnsupported, ErrDisabled, ErrConflict or ErrAllFailed for errors.Is.
+// Pins, RunPinned and ProbeImage are what `gpupin pins`, `run` and `probe`
+// call.
 package provision
 
 import (
