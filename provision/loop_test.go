@@ -68,12 +68,6 @@ func (r *recorder) last(t *testing.T, what string, ok func(provision.Status) boo
 	return provision.Status{}
 }
 
-func (r *recorder) snapshot() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.snapshotLocked()
-}
-
 func (r *recorder) snapshotLocked() []string {
 	var out []string
 	for _, s := range r.changes {
