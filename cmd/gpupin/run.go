@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"math"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -55,17 +54,18 @@ func runRun(c *cli.Context) error {
 	}
 	spec.Args = cmdArgs
 	return inSession(c, needContainerd, func(s *session) error {
+		w := c.App.ErrWriter
 		res, err := s.provisioner().RunPinned(c.Context, target, spec, func(r provision.Replica) {
 			if r.Stale {
-				fmt.Fprintf(os.Stderr, "warning: %s was proved under another driver or GPU set; gpupin provision re-proves it\n", r.Pin.Key)
+				fmt.Fprintf(w, "warning: %s was proved under another driver or GPU set; gpupin provision re-proves it\n", r.Pin.Key)
 			}
 			if r.Simulated {
-				fmt.Fprintf(os.Stderr, "SIMULATED: %s was pinned on simulated node facts; no GPU was proved\n", r.Pin.Key)
+				fmt.Fprintf(w, "SIMULATED: %s was pinned on simulated node facts; no GPU was proved\n", r.Pin.Key)
 			}
 			if spec.Seccomp == runtime.SeccompUnconfined {
-				fmt.Fprintf(os.Stderr, "warning: --seccomp unconfined: the replica's syscalls are not filtered\n")
+				fmt.Fprintf(w, "warning: --seccomp unconfined: the replica's syscalls are not filtered\n")
 			}
-			fmt.Fprintf(os.Stderr, "running %s from %s (%s)\n", r.Pin.Key, r.Pin.Ref, r.Pin.Variant)
+			fmt.Fprintf(w, "running %s from %s (%s)\n", r.Pin.Key, r.Pin.Ref, r.Pin.Variant)
 		})
 		if err != nil {
 			return err
