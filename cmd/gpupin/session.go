@@ -75,8 +75,9 @@ func (s *session) close() {
 	}
 }
 
-// provisioner is a Provisioner over the session's containerd (none when
-// it has none: Plan then reads no pins).
+// provisioner is a Provisioner over the session's containerd, or over
+// none (Plan then reads no pins): New(nil), since a nil *runtime.Runtime
+// would be a Runtime that is not nil.
 func (s *session) provisioner(extra ...provision.Option) *provision.Provisioner {
 	opts := append(append([]provision.Option(nil), s.opts...), extra...)
 	if s.rt == nil {
