@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
 )
 
 const specYAML = `
@@ -266,7 +267,7 @@ func TestBuildOutputLayout(t *testing.T) {
 // Build on a registry base, push, and read back: the children we made carry
 // the metadata on their own manifests too.
 func TestBuildPush(t *testing.T) {
-	reg := startRegistry(t)
+	reg := testenv.Registry(t)
 	ctx := context.Background()
 	var entries []sandbox.IndexEntry
 	for _, arch := range []string{"amd64", "arm64"} {

@@ -30,7 +30,7 @@ func oneVariant() []srcVariant {
 // hosts.toml the same publish fails before anything is pushed.
 func TestPublishTLSFromHostsToml(t *testing.T) {
 	ctx := context.Background()
-	src := startRegistry(t)
+	src := testenv.Registry(t)
 	variants := pushSources(t, src.Host, oneVariant())
 	ca := testenv.CA(t)
 	clientCA := testenv.CA(t)
@@ -120,7 +120,7 @@ func notFound(err error) bool {
 // nodes could not read.
 func TestPublishRefusesPlainHTTPToPrivateAddress(t *testing.T) {
 	ctx := context.Background()
-	src := startRegistry(t)
+	src := testenv.Registry(t)
 	variants := pushSources(t, src.Host, oneVariant())
 	const host = "10.0.0.7:5000"
 	for _, reg := range testenv.Registries(t) {
@@ -175,7 +175,7 @@ func catalog(t *testing.T, host string) []string {
 // does, and a refusal says where they came from.
 func TestPublishCredentialsFromPolicy(t *testing.T) {
 	ctx := context.Background()
-	src := startRegistry(t)
+	src := testenv.Registry(t)
 	variants := pushSources(t, src.Host, oneVariant())
 	d := testenv.Distribution(t, sandbox.DistributionOptions{User: "ci", Password: "s3cret"})
 	for _, tc := range []struct {

@@ -1,6 +1,3 @@
-// Package build publishes engine variants as one tag whose OCI index carries
-// gpupin's io.gpupin.* metadata (Publish), and assembles variant images
-// without a Docker engine (Build).
 package build
 
 import (
@@ -15,6 +12,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
@@ -294,13 +292,13 @@ func makePlan(ctx context.Context, opts PublishOptions) (*plan, error) {
 				// its metadata when pulled by digest.
 				img = mutate.Annotations(img, ann).(v1.Image)
 			}
-			d, err := descriptor(img)
+			d, err := partial.Descriptor(img)
 			if err != nil {
 				return nil, fmt.Errorf("variant %s (%s): %w", vi.name, si.platform, err)
 			}
 			d.Platform = si.plat
 			d.Annotations = ann
-			add := mutate.IndexAddendum{Add: img, Descriptor: d}
+			add := mutate.IndexAddendum{Add: img, Descriptor: *d}
 			vadds = append(vadds, add)
 			p.children = append(p.children, img)
 			p.entries = append(p.entries, Entry{Variant: vi.name, Platform: si.platform, Digest: d.Digest.String(),
@@ -340,22 +338,6 @@ func alias_(version, variant string) string {
 func newIndex(adds []mutate.IndexAddendum, ann map[string]string) (v1.ImageIndex, error) {
 	idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index, adds...), types.OCIImageIndex)
 	return newPlainIndex(mutate.Annotations(idx, ann).(v1.ImageIndex))
-}
-
-func descriptor(img v1.Image) (v1.Descriptor, error) {
-	d, err := img.Digest()
-	if err != nil {
-		return v1.Descriptor{}, fmt.Errorf("digest: %w", err)
-	}
-	sz, err := img.Size()
-	if err != nil {
-		return v1.Descriptor{}, fmt.Errorf("size: %w", err)
-	}
-	mt, err := img.MediaType()
-	if err != nil {
-		return v1.Descriptor{}, fmt.Errorf("media type: %w", err)
-	}
-	return v1.Descriptor{MediaType: mt, Digest: d, Size: sz}, nil
 }
 
 // pickEngine takes the option, else the images' io.gpupin.engine label (all

@@ -17,17 +17,8 @@ import (
 
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
 )
-
-func startRegistry(t testing.TB) *sandbox.Registry {
-	t.Helper()
-	r, err := sandbox.StartRegistry(sandbox.RegistryOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	return r
-}
 
 type srcVariant struct {
 	name   string
@@ -105,8 +96,8 @@ func mustRef(t testing.TB, s string) name.Reference {
 
 func TestPublishTwoVariantsTwoPlatforms(t *testing.T) {
 	ctx := context.Background()
-	src := startRegistry(t)
-	dst := startRegistry(t)
+	src := testenv.Registry(t)
+	dst := testenv.Registry(t)
 	variants := pushSources(t, src.Host, twoVariants())
 	tag := dst.Host + "/org/vllm:0.11.0"
 	opts := PublishOptions{Tag: tag, Variants: variants, Engine: "vllm", Annotations: map[string]string{"org.opencontainers.image.source": "https://example.com/vllm"}}
@@ -271,7 +262,7 @@ func TestPublishTwoVariantsTwoPlatforms(t *testing.T) {
 // mount from the source repository, not upload.
 func TestPublishMountsFromSameRegistry(t *testing.T) {
 	ctx := context.Background()
-	reg := startRegistry(t)
+	reg := testenv.Registry(t)
 	variants := pushSources(t, reg.Host, twoVariants())
 	var mu sync.Mutex
 	var mounts []string
@@ -379,7 +370,7 @@ func TestPublishRefusals(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			reg := startRegistry(t)
+			reg := testenv.Registry(t)
 			variants := pushSources(t, reg.Host, c.src)
 			if c.extra != nil {
 				variants = append(variants, c.extra(reg.Host)...)
@@ -424,7 +415,7 @@ func closedHost(t *testing.T) string {
 }
 
 func TestPublishAllowPartialPlatforms(t *testing.T) {
-	reg := startRegistry(t)
+	reg := testenv.Registry(t)
 	variants := pushSources(t, reg.Host, []srcVariant{
 		{name: "cu13", env: cu13Env, archs: []string{"amd64", "arm64"}},
 		{name: "cu129", env: cu129Env, archs: []string{"amd64"}},
@@ -449,7 +440,7 @@ func TestPublishAllowPartialPlatforms(t *testing.T) {
 // on the previous version.
 func TestPublishFailureLeavesTag(t *testing.T) {
 	ctx := context.Background()
-	reg := startRegistry(t)
+	reg := testenv.Registry(t)
 	tag := reg.Host + "/org/vllm:0.11.0"
 	first := pushSources(t, reg.Host, []srcVariant{{name: "cu129", env: cu129Env, archs: []string{"amd64"}}})
 	old, err := Publish(ctx, PublishOptions{Tag: tag, Variants: first})
@@ -481,7 +472,7 @@ func TestPublishFailureLeavesTag(t *testing.T) {
 }
 
 func TestPublishDryRun(t *testing.T) {
-	reg := startRegistry(t)
+	reg := testenv.Registry(t)
 	variants := pushSources(t, reg.Host, twoVariants())
 	reg.Reset()
 	res, err := Publish(context.Background(), PublishOptions{Tag: reg.Host + "/org/vllm:0.11.0", Variants: variants, DryRun: true})

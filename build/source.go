@@ -186,11 +186,11 @@ func checkImage(v Variant, c claim, img v1.Image, plat *v1.Platform) (*sourceIma
 	}
 	if plat != nil {
 		if plat.OS != cp.OS || plat.Architecture != cp.Architecture || (plat.Variant != "" && cp.Variant != "" && plat.Variant != cp.Variant) {
-			return nil, nil, fmt.Errorf("index entry says %s, but the image config says %s", platString(plat), platString(cp))
+			return nil, nil, fmt.Errorf("index entry says %s, but the image config says %s", plat, cp)
 		}
 		cp = plat
 	}
-	si := &sourceImage{img: img, plat: cp, platform: platString(cp), labels: cf.Config.Labels}
+	si := &sourceImage{img: img, plat: cp, platform: cp.String(), labels: cf.Config.Labels}
 	env := map[string]string{}
 	for _, kv := range cf.Config.Env {
 		k, val, _ := strings.Cut(kv, "=")
@@ -304,12 +304,4 @@ func driverMin(req string) (string, error) {
 func normaliseArchs(s string) string {
 	f := strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ';' || r == ' ' || r == '\t' })
 	return strings.Join(f, ",")
-}
-
-func platString(p *v1.Platform) string {
-	s := p.OS + "/" + p.Architecture
-	if p.Variant != "" {
-		s += "/" + p.Variant
-	}
-	return s
 }

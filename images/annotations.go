@@ -1,6 +1,3 @@
-// Package images reads engine images: references, the variant metadata CI
-// publishes (or that is derived from an image's config), and the choice of
-// the variant a node can run.
 package images
 
 import (

@@ -67,8 +67,9 @@ func startFixture(t *testing.T) *fixture {
 		childAnnotated: reg.Host + "/tgi:3.0",
 		required:       reg.Host + "/trtllm:1.0",
 	}
-	// The most compatible variant first, as DESIGN asks of publishers; the
-	// choice must still prefer the newest CUDA.
+	// The most compatible variant first, as publish orders an index
+	// (docs/image-metadata.md, "Order"); the choice must still prefer the
+	// newest CUDA.
 	if _, err := sandbox.PublishEngine(ctx, reg.Host, "vllm", "0.11.0", []sandbox.EngineVariant{cu129, cu13}); err != nil {
 		t.Fatalf("publish vllm: %v", err)
 	}

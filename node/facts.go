@@ -1,5 +1,3 @@
-// Package node holds the facts about a node that the choice of a variant rests
-// on: the NVIDIA driver, the CUDA version it supports, and every GPU.
 package node
 
 import (

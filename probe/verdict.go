@@ -1,5 +1,3 @@
-// Package probe holds the compute probes that prove an image on the node's
-// GPUs, and the verdict they report.
 package probe
 
 // LinePrefix starts the one line of output a probe reports its verdict on.

@@ -68,3 +68,22 @@ func TestAllGPUs(t *testing.T) {
 		}
 	}
 }
+
+// Where to look when a verdict misses GPUs: on a simulated node no device
+// is visible, and the probe must report the simulated ones.
+func TestCoverageHint(t *testing.T) {
+	for _, tc := range []struct {
+		kind      probe.Kind
+		simulated bool
+		want      string
+	}{
+		{probe.Exec, true, "on a simulated node the exec probe must report the devices of $GPUPIN_SIM_DEVICES as its own"},
+		{probe.Torch, true, "on a simulated node the torch probe must report the devices of $GPUPIN_SIM_DEVICES as its own"},
+		{probe.Exec, false, "is CUDA_VISIBLE_DEVICES set in the image, or the CDI spec stale?"},
+	} {
+		r := &probeRun{kind: tc.kind}
+		if got := r.coverageHint(&node.Facts{Simulated: tc.simulated}); got != tc.want {
+			t.Errorf("hint for %s (simulated %v) = %q, want %q", tc.kind, tc.simulated, got, tc.want)
+		}
+	}
+}

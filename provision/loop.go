@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -11,34 +13,6 @@ import (
 
 	"github.com/gpupin/gpupin/runtime"
 )
-
-// Clock is the loop's time source. Tests pass a clock they move by hand,
-// so a backoff of minutes is checked without waiting minutes.
-type Clock interface {
-	Now() time.Time
-	NewTimer(d time.Duration) Timer
-}
-
-// Timer is a one-shot timer of a Clock.
-type Timer interface {
-	C() <-chan time.Time
-	Stop() bool
-}
-
-// SystemClock is the wall clock.
-func SystemClock() Clock { return systemClock{} }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-func (systemClock) NewTimer(d time.Duration) Timer {
-	return systemTimer{time.NewTimer(d)}
-}
-
-type systemTimer struct{ t *time.Timer }
-
-func (t systemTimer) C() <-chan time.Time { return t.t.C }
-func (t systemTimer) Stop() bool          { return t.t.Stop() }
 
 // LoopOptions tune a Loop.
 type LoopOptions struct {
@@ -54,7 +28,6 @@ type LoopOptions struct {
 	NodeCheck time.Duration
 	// Parallel is how many engines are provisioned at once; default 2.
 	Parallel int
-	Clock    Clock
 	// OnChange sees an engine's status each time its state, detail or
 	// pinned reference changes, intermediate states (pulling, probing)
 	// included; never twice for the same.
@@ -127,9 +100,6 @@ func NewLoop(p *Provisioner, opts LoopOptions) *Loop {
 	}
 	if opts.Parallel <= 0 {
 		opts.Parallel = 2
-	}
-	if opts.Clock == nil {
-		opts.Clock = SystemClock()
 	}
 	if opts.Logger == nil {
 		opts.Logger = p.opts.Logger
@@ -276,12 +246,7 @@ func (l *Loop) Engines() []string {
 			set[n] = true
 		}
 	}
-	out := make([]string, 0, len(set))
-	for n := range set {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(set))
 }
 
 // Status returns the latest status of every wanted engine, in the order
@@ -347,14 +312,10 @@ func (l *Loop) Run(ctx context.Context) error {
 	}
 	results := make(chan loopResult)
 	for {
-		now := l.opts.Clock.Now()
+		now := time.Now()
 		l.checkNode(ctx)
 		l.launch(ctx, now, results)
-		wait := l.nextWake(now).Sub(now)
-		if wait < 0 {
-			wait = 0
-		}
-		timer := l.opts.Clock.NewTimer(wait)
+		timer := time.NewTimer(max(l.nextWake(now).Sub(now), 0))
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -363,7 +324,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		case r := <-results:
 			l.finish(r)
 		case <-l.kick:
-		case <-timer.C():
+		case <-timer.C:
 		}
 		timer.Stop()
 	}
@@ -505,7 +466,7 @@ func (l *Loop) finish(r loopResult) {
 		l.report(news)
 		return
 	}
-	now := l.opts.Clock.Now()
+	now := time.Now()
 	if r.st.Engine != "" {
 		e.engine = r.st.Engine
 	}
@@ -638,7 +599,7 @@ func (l *Loop) report(sts []Status) {
 func (l *Loop) pending(e *entry) Status {
 	w := e.want
 	return Status{Key: w.Key(), Engine: l.engineOf(e), Version: w.Version, Ref: w.Ref, Override: w.Override,
-		State: Pending, Detail: "waiting for its first pass", At: l.opts.Clock.Now()}
+		State: Pending, Detail: "waiting for its first pass", At: time.Now()}
 }
 
 // engineOf is the engine's name as the want gives it, else as the last

@@ -2,6 +2,7 @@ package provision_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -138,8 +139,14 @@ func TestProvisionSimulatedNamesEveryHostTried(t *testing.T) {
 					t.Errorf("the failed pull does not name %s:\nreason: %s\nerr: %v", want, st.Attempts[0].Reason, st.Err)
 				}
 			}
-			if !strings.HasPrefix(st.Attempts[0].Ref, upstream+"/demo@sha256:") {
-				t.Errorf("attempt ref %s: want the upstream name", st.Attempts[0].Ref)
+			// A caller reaches the failed pull through Status.Err, and it
+			// names the upstream reference.
+			var pe *provision.PullError
+			if !errors.Is(st.Err, provision.ErrAllFailed) || !errors.As(st.Err, &pe) || pe.Variant != "cu129" || pe.Ref != st.Attempts[0].Ref {
+				t.Fatalf("err %v; want ErrAllFailed over cu129's *PullError", st.Err)
+			}
+			if !strings.HasPrefix(pe.Ref, upstream+"/demo@sha256:") {
+				t.Errorf("pulled ref %s: want the upstream name", pe.Ref)
 			}
 		})
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
@@ -48,6 +50,48 @@ func (p *Provisioner) Name(ctx context.Context, w Want) (*Named, error) {
 	var pl Plan
 	pl.name(w, ref, set)
 	return &Named{Set: set, Engine: pl.Engine, Version: pl.Version, Key: pl.Key, NamedBy: pl.NamedBy}, nil
+}
+
+// CheckOverride checks an override of engine against the image it is
+// meant for, before it is filed: ref must be that engine as a provision
+// names it (Name), and a variant override must be one ref publishes. A
+// mismatch is ErrInvalidWant; a registry that does not answer, its own
+// error.
+func (p *Provisioner) CheckOverride(ctx context.Context, engine string, ov images.Override, ref string) error {
+	named, err := p.Name(ctx, Want{Ref: ref})
+	if err != nil {
+		return err
+	}
+	if named.Engine != engine {
+		return newOutcome(ErrInvalidWant, nil, "%s is engine %s (named by its %s), not %s", ref, named.Engine, namedByWords(named.NamedBy), engine)
+	}
+	if ov.Kind != images.OverrideVariant {
+		return nil
+	}
+	var published []string
+	for _, v := range named.Set.Variants {
+		if !slices.Contains(published, v.Variant) {
+			published = append(published, v.Variant)
+		}
+	}
+	if !slices.Contains(published, ov.Variant) {
+		slices.Sort(published)
+		return newOutcome(ErrInvalidWant, nil, "variant %s is not published under %s; published: %s", ov.Variant, ref, strings.Join(published, ", "))
+	}
+	return nil
+}
+
+// namedByWords says how a key was named, as a person reads it.
+func namedByWords(by string) string {
+	switch by {
+	case NamedByMetadata:
+		return "io.gpupin.engine metadata"
+	case NamedByPin:
+		return "pin"
+	case NamedByWant:
+		return "want"
+	}
+	return "repository's last element"
 }
 
 // ProbeTarget is an image as a provision would probe it: the engine it is
@@ -121,46 +165,8 @@ func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs)
 	}
 	t := &ProbeTarget{Image: image, Node: facts}
 	pin := pinNamed(pins, image)
-	found := false
-	if pin != nil {
-		found = p.fromPin(ctx, t, pin, as)
-	}
-	if !found {
-		set, rerr := p.opts.Resolver.Resolve(ctx, image)
-		var v *images.Variant
-		if rerr == nil {
-			v = variantOn(set, facts.Platform)
-		}
-		if v == nil {
-			// The registry did not answer (or holds another image under
-			// the name now): the image's config is what there is, read as
-			// an image without annotations is read.
-			md, _, derr := images.DeriveMetadata(cfg.Env, cfg.Labels)
-			if derr != nil {
-				md = images.Metadata{Engine: cfg.Labels[images.AnnotationEngine], EngineVersion: cfg.Labels[images.AnnotationEngineVersion],
-					Probe: cfg.Labels[images.AnnotationProbe], ProbeExec: cfg.Labels[images.AnnotationProbeExec]}
-			}
-			v = &images.Variant{Metadata: md}
-			set = &images.Set{Variants: []images.Variant{*v}}
-			t.From = "the image's own config in containerd"
-			if rerr != nil {
-				t.From += fmt.Sprintf(" (the registry did not answer: %v)", rerr)
-			}
-		} else {
-			t.From = "the registry: " + image
-		}
-		var pl Plan
-		pl.name(w, ref, set)
-		t.Engine, t.Key, t.NamedBy = pl.Engine, pl.Key, pl.NamedBy
-		if pin != nil && as.Engine == "" {
-			t.Key, t.NamedBy = pin.Key, NamedByPin
-			t.Engine, _, _ = strings.Cut(pin.Key, ":")
-		}
-		if v.Probe == "" && pin != nil && pin.Probe != string(probe.Sim) {
-			// The probe that proved the pin, when nothing else names one.
-			v.Probe = pin.Probe
-		}
-		t.Meta, t.Variant = v.Metadata, v.Variant
+	if pin == nil || !p.fromPin(ctx, t, pin, as) {
+		p.fromReference(ctx, t, w, ref, pin, cfg)
 	}
 	if as.Probe != "" {
 		if _, err := probe.Select(as.Probe, "", ""); err != nil {
@@ -172,6 +178,46 @@ func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs)
 		return nil, err
 	}
 	return t, nil
+}
+
+// fromReference fills t from the image's reference in the registry, as
+// Plan reads it; when the registry does not answer (or holds another
+// image under the name now), from the image's own config, read as an
+// image without annotations is read. A pin's key and probe stand where
+// nothing else names them.
+func (p *Provisioner) fromReference(ctx context.Context, t *ProbeTarget, w Want, ref images.Reference, pin *runtime.Pin, cfg ocispec.ImageConfig) {
+	set, rerr := p.opts.Resolver.Resolve(ctx, t.Image)
+	var v *images.Variant
+	if rerr == nil {
+		v = variantOn(set, t.Node.Platform)
+	}
+	if v == nil {
+		md, _, derr := images.DeriveMetadata(cfg.Env, cfg.Labels)
+		if derr != nil {
+			md = images.Metadata{Engine: cfg.Labels[images.AnnotationEngine], EngineVersion: cfg.Labels[images.AnnotationEngineVersion],
+				Probe: cfg.Labels[images.AnnotationProbe], ProbeExec: cfg.Labels[images.AnnotationProbeExec]}
+		}
+		v = &images.Variant{Metadata: md}
+		set = &images.Set{Variants: []images.Variant{*v}}
+		t.From = "the image's own config in containerd"
+		if rerr != nil {
+			t.From += fmt.Sprintf(" (the registry did not answer: %v)", rerr)
+		}
+	} else {
+		t.From = "the registry: " + t.Image
+	}
+	var pl Plan
+	pl.name(w, ref, set)
+	t.Engine, t.Key, t.NamedBy = pl.Engine, pl.Key, pl.NamedBy
+	if pin != nil && w.Engine == "" {
+		t.Key, t.NamedBy = pin.Key, NamedByPin
+		t.Engine, _, _ = strings.Cut(pin.Key, ":")
+	}
+	if v.Probe == "" && pin != nil && pin.Probe != string(probe.Sim) {
+		// The probe that proved the pin, when nothing else names one.
+		v.Probe = pin.Probe
+	}
+	t.Meta, t.Variant = v.Metadata, v.Variant
 }
 
 // fromPin fills t from the index entry a pin was chosen from: its source,

@@ -41,7 +41,6 @@ type config struct {
 	Progress        func(key string, p runtime.Progress)
 	OnState         []func(Status)
 	Logger          *slog.Logger
-	Now             func() time.Time
 }
 
 func defaults() config {
@@ -54,7 +53,6 @@ func defaults() config {
 		ProbePids:    DefaultProbePids,
 		ProbeDir:     filepath.Join(os.TempDir(), "gpupin-probe"),
 		Logger:       slog.Default(),
-		Now:          time.Now,
 	}
 }
 
@@ -142,6 +140,3 @@ func WithOnState(fn func(Status)) Option {
 
 // WithLogger sets the logger; default slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.Logger = l } }
-
-// WithClock sets the time source of probed-at stamps and durations.
-func WithClock(now func() time.Time) Option { return func(c *config) { c.Now = now } }

@@ -95,6 +95,8 @@ func (p *Provisioner) Plan(ctx context.Context, w Want) (*Plan, error) {
 	return p.plan(ctx, w, facts, pins)
 }
 
+// plan decides for w on facts and pins: the node, then a pin that answers,
+// then the key and override (reading the registry), then the choice.
 func (p *Provisioner) plan(ctx context.Context, w Want, facts *node.Facts, pins []runtime.Pin) (*Plan, error) {
 	pl := &Plan{Ref: w.Ref, Source: w.Ref, Node: facts, Simulated: facts.Simulated,
 		Candidates: []images.Candidate{}, Rejected: []images.Rejection{}}
@@ -115,17 +117,45 @@ func (p *Provisioner) plan(ctx context.Context, w Want, facts *node.Facts, pins 
 		return nil, err
 	}
 	if pin != nil {
-		pl.Pinned, pl.Held = pin, pin
-		pl.Key, pl.Override, pl.OverrideFrom = pin.Key, pin.Override, "pin"
-		pl.Engine, pl.Version, _ = strings.Cut(pin.Key, ":")
-		pl.Outcome = OutcomePinned
-		pl.Detail = fmt.Sprintf("pinned %s (%s), proved %s on this node", pin.Ref, pin.Variant, pin.ProbedAt.Format(time.RFC3339))
+		pl.answeredBy(pin)
 		return pl, nil
 	}
+	set, err := p.nameAndOverride(ctx, pl, w, ref)
+	if err != nil {
+		return nil, err
+	}
+	pl.Held = pinOf(pins, pl.Key)
+	if pl.override.Kind == images.OverrideNone {
+		pl.Outcome, pl.Detail = images.OutcomeNone, "override is none: this node does not run this engine (its pin, if any, is kept until gc)"
+		pl.Err = newOutcome(ErrDisabled, nil, "%s", pl.Detail)
+		return pl, nil
+	}
+	if err := checkHeld(pl, w, pins, facts); err != nil {
+		pl.Outcome, pl.Detail, pl.Err = OutcomeConflict, err.Error(), err
+		pl.Conflict, _ = err.(*ConflictError)
+		return pl, nil
+	}
+	if err := p.choose(ctx, pl, set); err != nil {
+		return nil, err
+	}
+	return pl, nil
+}
 
-	// The want's own override, when it is an image and the want names its
-	// key, needs nothing of the want's reference; anything else does: its
-	// metadata names the engine, and the engine finds the override.
+// answeredBy makes the plan the pin's: its key and override, and nothing
+// to do.
+func (pl *Plan) answeredBy(pin *runtime.Pin) {
+	pl.Pinned, pl.Held = pin, pin
+	pl.Key, pl.Override, pl.OverrideFrom = pin.Key, pin.Override, "pin"
+	pl.Engine, pl.Version, _ = strings.Cut(pin.Key, ":")
+	pl.Outcome = OutcomePinned
+	pl.Detail = fmt.Sprintf("pinned %s (%s), proved %s on this node", pin.Ref, pin.Variant, pin.ProbedAt.Format(time.RFC3339))
+}
+
+// nameAndOverride reads w's reference (its variants), names the plan's key
+// from it, and finds the override that applies: the want's, else the
+// operator's for that engine. A want that names its key and an image
+// override needs nothing of its own reference, which is then not read.
+func (p *Provisioner) nameAndOverride(ctx context.Context, pl *Plan, w Want, ref images.Reference) (*images.Set, error) {
 	ov, from := images.Override{Kind: images.OverrideAuto}, OverrideFromDefault
 	if w.Override != "" {
 		ov, _ = images.ParseOverride(w.Override)
@@ -133,6 +163,7 @@ func (p *Provisioner) plan(ctx context.Context, w Want, facts *node.Facts, pins 
 	}
 	var set *images.Set
 	if !(w.Engine != "" && w.Version != "" && ov.Kind == images.OverrideImage) {
+		var err error
 		if set, err = p.opts.Resolver.Resolve(ctx, w.Ref); err != nil {
 			return nil, err
 		}
@@ -151,35 +182,29 @@ func (p *Provisioner) plan(ctx context.Context, w Want, facts *node.Facts, pins 
 		}
 	}
 	pl.override, pl.Override, pl.OverrideFrom = ov, ov.String(), from
-	pl.Held = pinOf(pins, pl.Key)
-	if ov.Kind == images.OverrideNone {
-		pl.Outcome, pl.Detail = images.OutcomeNone, "override is none: this node does not run this engine (its pin, if any, is kept until gc)"
-		pl.Err = newOutcome(ErrDisabled, nil, "%s", pl.Detail)
-		return pl, nil
-	}
-	if err := checkHeld(pl, w, pins, facts); err != nil {
-		pl.Outcome, pl.Detail, pl.Err = OutcomeConflict, err.Error(), err
-		pl.Conflict, _ = err.(*ConflictError)
-		return pl, nil
-	}
+	return set, nil
+}
 
-	choice := ov
-	if ov.Kind == images.OverrideImage {
-		// The operator's image replaces the engine's: its variants are the
-		// ones chosen among, by the same rules, and still probed.
-		pl.Source = ov.Image
-		if set, err = p.opts.Resolver.Resolve(ctx, ov.Image); err != nil {
-			return nil, fmt.Errorf("override image: %w", err)
+// choose orders the variants the node can run into the plan's candidates,
+// each with the probe Provision will run on it, and a reason for every
+// rejection. An operator's image replaces the engine's variants: they are
+// chosen among by the same rules, and still probed.
+func (p *Provisioner) choose(ctx context.Context, pl *Plan, set *images.Set) error {
+	choice := pl.override
+	if choice.Kind == images.OverrideImage {
+		pl.Source = choice.Image
+		var err error
+		if set, err = p.opts.Resolver.Resolve(ctx, choice.Image); err != nil {
+			return fmt.Errorf("override image: %w", err)
 		}
 		choice = images.Override{Kind: images.OverrideAuto}
 	}
-	c := images.Choose(facts, set, choice)
+	c := images.Choose(pl.Node, set, choice)
 	pl.Candidates, pl.Rejected, pl.Outcome, pl.Detail = c.Candidates, c.Rejected, c.Outcome, c.Detail
 	for i := range pl.Candidates {
-		// The probe Provision will run on it, so the plan says it in advance.
 		k, err := p.probeKind(pl.Candidates[i].Meta, pl.Engine)
 		if err != nil {
-			return nil, fmt.Errorf("candidate %s: %w", pl.Candidates[i].Variant, err)
+			return fmt.Errorf("candidate %s: %w", pl.Candidates[i].Variant, err)
 		}
 		pl.Candidates[i].Probe = string(k)
 	}
@@ -197,7 +222,7 @@ func (p *Provisioner) plan(ctx context.Context, w Want, facts *node.Facts, pins 
 		}
 		pl.Err = newOutcome(ErrNoCandidate, nil, "%s", detail)
 	}
-	return pl, nil
+	return nil
 }
 
 // name sets the plan's key: the want's engine and version, else the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
@@ -17,7 +18,7 @@ import (
 // Probe runs an image's probe in a container of that image (already
 // pulled, as the record named image), with the same box and checks a
 // provision uses, and pins nothing. It returns the verdict and the tail of
-// the probe's output. `gpupin probe` calls it alone.
+// the probe's output; a failed probe is a *probe.Failure.
 //
 // On simulated facts (no GPU) the image's own probe still runs, in its
 // simulated mode: everything that needs no device is checked for real, and
@@ -28,13 +29,68 @@ func (p *Provisioner) Probe(ctx context.Context, image string, meta images.Metad
 	if !facts.Simulated && !facts.Supported() {
 		return nil, "", fmt.Errorf("unsupported: %s", facts.Unsupported)
 	}
-	engine = probe.EngineFamily(engine)
-	kind, err := probe.Select(meta.Probe, engine, p.opts.DefaultProbe)
+	run, err := p.prepareProbe(ctx, image, meta, engine, facts)
 	if err != nil {
 		return nil, "", err
 	}
-	gpus := runtime.DefaultGPUs(facts.Simulated)
-	popts := probe.Options{Dir: p.opts.ProbeDir, CUDAProbeBinary: p.opts.CUDAProbeBinary, SimProbeBinary: p.opts.SimProbeBinary, Engine: engine}
+	res, err := p.rt.Run(ctx, runtime.RunSpec{
+		Image: image, Args: run.prog.Args, Env: run.prog.Env, Mounts: run.mounts(), GPUs: run.gpus, Hardened: true, Role: "probe",
+		MemoryLimit: p.opts.ProbeMemory, PidsLimit: p.opts.ProbePids, Timeout: p.opts.ProbeTimeout,
+	})
+	tail := probe.Tail(res.Output)
+	if err != nil {
+		return nil, tail, run.runFailed(res.Output, err, p.opts.ProbeTimeout)
+	}
+	v, err := run.judge(res.Output, res.ExitCode, facts)
+	if err != nil {
+		return nil, tail, err
+	}
+	return v, tail, nil
+}
+
+// ProbeReport is a probe of an image alone (ProbeImage): what was probed
+// and why that probe, its verdict, and how long it took.
+type ProbeReport struct {
+	Image   string
+	Target  *ProbeTarget
+	Verdict *probe.Verdict
+	// Output is the tail of the probe's output.
+	Output   string
+	Duration time.Duration
+}
+
+// ProbeImage is `gpupin probe`: it reads an image already pulled as a
+// provision reads it (ProbeTarget), runs the probe a provision would run
+// (Probe), and pins nothing. An image that cannot be read returns no
+// report (ErrInvalidWant, ErrUnsupported, ErrNotPulled, …); a probe that
+// fails returns its report and its error (a *probe.Failure).
+func (p *Provisioner) ProbeImage(ctx context.Context, image string, as ProbeAs) (*ProbeReport, error) {
+	t, err := p.ProbeTarget(ctx, image, as)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	v, out, err := p.Probe(ctx, image, t.Meta, t.Engine, t.Node)
+	return &ProbeReport{Image: image, Target: t, Verdict: v, Output: out, Duration: time.Since(start)}, err
+}
+
+// probeRun is a probe about to run: which one, its program, and the GPUs
+// it is given.
+type probeRun struct {
+	kind probe.Kind
+	prog probe.Program
+	gpus runtime.GPUs
+}
+
+// prepareProbe chooses the probe (probeKind; the emulator for a simulated
+// fixture that asks for it), stages its program, and reads what it needs
+// of the image's config: the simulated node's CUDA, an exec self-test's
+// argv.
+func (p *Provisioner) prepareProbe(ctx context.Context, image string, meta images.Metadata, engine string, facts *node.Facts) (*probeRun, error) {
+	kind, err := p.probeKind(meta, engine)
+	if err != nil {
+		return nil, err
+	}
 	var cfg *ocispec.ImageConfig
 	config := func() (*ocispec.ImageConfig, error) {
 		if cfg == nil {
@@ -46,93 +102,106 @@ func (p *Provisioner) Probe(ctx context.Context, image string, meta images.Metad
 		}
 		return cfg, nil
 	}
+	popts := probe.Options{Dir: p.opts.ProbeDir, CUDAProbeBinary: p.opts.CUDAProbeBinary, SimProbeBinary: p.opts.SimProbeBinary,
+		Engine: probe.EngineFamily(engine)}
 	if facts.Simulated {
-		// No GPU to prove on: the probe runs in its simulated mode, in
-		// the real container, told about the simulated GPUs and driver.
 		c, err := config()
 		if err != nil {
-			return nil, "", err
+			return nil, err
 		}
-		popts.Simulated = true
-		for _, g := range facts.GPUs {
-			popts.Sim.Devices = append(popts.Sim.Devices, probe.Device{Index: g.Index, UUID: g.UUID, Name: g.Name, CC: g.CC})
-		}
-		popts.Sim.NodeCUDA = facts.CUDA
-		popts.Sim.VariantCUDA = variantCUDA(meta, c)
+		popts.Simulated, popts.Sim = true, simOptions(facts, meta, c)
 		if probe.SimProbeMode(c.Env) != "" {
 			// A fixture asking to be emulated, or to misbehave on purpose.
 			kind = probe.Sim
 		}
-	}
-	if p.opts.GPUs != nil {
-		gpus = *p.opts.GPUs
 	}
 	if kind == probe.Exec {
 		argvLabel := meta.ProbeExec
 		if argvLabel == "" {
 			c, err := config()
 			if err != nil {
-				return nil, "", err
+				return nil, err
 			}
 			argvLabel = c.Labels[images.AnnotationProbeExec]
 		}
 		if argvLabel != "" {
 			if popts.ExecArgv, err = probe.ParseExecLabel(argvLabel); err != nil {
-				return nil, "", err
+				return nil, err
 			}
 		}
 	}
 	prog, err := probe.Build(kind, popts)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	var mounts []runtime.Mount
-	for _, m := range prog.Mounts {
-		mounts = append(mounts, runtime.Mount{Source: m.Source, Destination: m.Destination})
+	gpus := runtime.DefaultGPUs(facts.Simulated)
+	if p.opts.GPUs != nil {
+		gpus = *p.opts.GPUs
 	}
-	res, err := p.rt.Run(ctx, runtime.RunSpec{
-		Image: image, Args: prog.Args, Env: prog.Env, Mounts: mounts, GPUs: gpus, Hardened: true, Role: "probe",
-		MemoryLimit: p.opts.ProbeMemory, PidsLimit: p.opts.ProbePids, Timeout: p.opts.ProbeTimeout,
-	})
-	if err != nil {
-		if errors.Is(err, runtime.ErrTimeout) {
-			f := probe.NewFailure(fmt.Sprintf("%s probe did not finish in %s and was killed", kind, p.opts.ProbeTimeout), res.Output)
-			return nil, f.Tail, f
-		}
-		if reason := probe.Explain(prog, res.Output, err); reason != "" {
-			f := probe.NewFailure(reason, res.Output)
-			return nil, f.Tail, f
-		}
-		return nil, probe.Tail(res.Output), fmt.Errorf("%s probe: %w", kind, err)
+	return &probeRun{kind: kind, prog: prog, gpus: gpus}, nil
+}
+
+// simOptions tell a probe in its simulated mode about the node it stands
+// in for: its GPUs, its driver's CUDA, and the CUDA the variant targets.
+func simOptions(facts *node.Facts, meta images.Metadata, cfg *ocispec.ImageConfig) probe.SimOptions {
+	var sim probe.SimOptions
+	for _, g := range facts.GPUs {
+		sim.Devices = append(sim.Devices, probe.Device{Index: g.Index, UUID: g.UUID, Name: g.Name, CC: g.CC})
 	}
-	v, err := probe.Parse(res.Output, res.ExitCode)
+	sim.NodeCUDA = facts.CUDA
+	sim.VariantCUDA = variantCUDA(meta, cfg)
+	return sim
+}
+
+func (r *probeRun) mounts() []runtime.Mount {
+	var out []runtime.Mount
+	for _, m := range r.prog.Mounts {
+		out = append(out, runtime.Mount{Source: m.Source, Destination: m.Destination})
+	}
+	return out
+}
+
+// runFailed says why a probe container did not run to its end: killed at
+// its timeout, a program that could not start in the image, or the
+// runtime's own error.
+func (r *probeRun) runFailed(output []byte, err error, timeout time.Duration) error {
+	if errors.Is(err, runtime.ErrTimeout) {
+		return probe.NewFailure(fmt.Sprintf("%s probe did not finish in %s and was killed", r.kind, timeout), output)
+	}
+	if reason := probe.Explain(r.prog, output, err); reason != "" {
+		return probe.NewFailure(reason, output)
+	}
+	return fmt.Errorf("%s probe: %w", r.kind, err)
+}
+
+// judge reads the verdict of a probe that ran, and holds it to what a pin
+// will claim: no simulated checks on a node with GPUs, every GPU of the
+// node covered, and on a simulated node a verdict that says it is so.
+func (r *probeRun) judge(output []byte, exitCode int, facts *node.Facts) (*probe.Verdict, error) {
+	v, err := probe.Parse(output, exitCode)
 	if err != nil {
 		if v == nil {
 			// No verdict: a program that could not start says why here.
-			if reason := probe.Explain(prog, res.Output, nil); reason != "" {
-				f := probe.NewFailure(reason, res.Output)
-				return nil, f.Tail, f
+			if reason := probe.Explain(r.prog, output, nil); reason != "" {
+				return nil, probe.NewFailure(reason, output)
 			}
 		}
-		return nil, probe.Tail(res.Output), err
+		return nil, err
 	}
 	if !facts.Simulated && len(v.SimulatedChecks) > 0 {
 		// A verdict that skipped checks proves nothing on a node with GPUs.
-		f := probe.NewFailure(fmt.Sprintf("the probe simulated checks on a node with GPUs (%s); its verdict proves nothing here",
-			strings.Join(v.SimulatedChecks, "; ")), res.Output)
-		return nil, f.Tail, f
+		return nil, probe.NewFailure(fmt.Sprintf("the probe simulated checks on a node with GPUs (%s); its verdict proves nothing here",
+			strings.Join(v.SimulatedChecks, "; ")), output)
 	}
-	if allGPUs(gpus) {
+	if allGPUs(r.gpus) {
 		// The pin will say "proved on these GPUs": every one of them.
-		missing, err := uncovered(kind, facts.GPUs, v.Devices)
+		missing, err := uncovered(r.kind, facts.GPUs, v.Devices)
 		if err != nil {
-			f := probe.NewFailure(err.Error(), res.Output)
-			return nil, f.Tail, f
+			return nil, probe.NewFailure(err.Error(), output)
 		}
 		if len(missing) > 0 {
-			f := probe.NewFailure(fmt.Sprintf("the probe did not compute on all of the node's %d GPUs; missing %s (is CUDA_VISIBLE_DEVICES set in the image, or the CDI spec stale?)",
-				len(facts.GPUs), strings.Join(missing, ", ")), res.Output)
-			return nil, f.Tail, f
+			return nil, probe.NewFailure(fmt.Sprintf("the probe did not compute on all of the node's %d GPUs; missing %s (%s)",
+				len(facts.GPUs), strings.Join(missing, ", "), r.coverageHint(facts)), output)
 		}
 	}
 	if facts.Simulated && len(v.SimulatedChecks) == 0 {
@@ -145,9 +214,19 @@ func (p *Provisioner) Probe(ctx context.Context, image string, meta images.Metad
 	}
 	// Which probe ran, as gpupin chose it (on a simulated node, perhaps
 	// not the one the image names).
-	v.Runtime["probe"] = string(kind)
+	v.Runtime["probe"] = string(r.kind)
 	v.Simulated = facts.Simulated
-	return v, probe.Tail(res.Output), nil
+	return v, nil
+}
+
+// coverageHint is where to look when a verdict misses GPUs. On a simulated
+// node no device is visible at all: a probe reports the devices gpupin
+// hands it in GPUPIN_SIM_DEVICES (docs/probe-protocol.md).
+func (r *probeRun) coverageHint(facts *node.Facts) string {
+	if facts.Simulated {
+		return fmt.Sprintf("on a simulated node the %s probe must report the devices of $%s as its own", r.kind, probe.EnvSimDevices)
+	}
+	return "is CUDA_VISIBLE_DEVICES set in the image, or the CDI spec stale?"
 }
 
 // variantCUDA is the CUDA the variant targets: its metadata, else the

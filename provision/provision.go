@@ -22,6 +22,7 @@ import (
 // Runtime is what provisioning needs of containerd (runtime.Runtime).
 type Runtime interface {
 	Pins(ctx context.Context) ([]runtime.Pin, error)
+	PreviousPins(ctx context.Context) ([]runtime.Pin, error)
 	SetPin(ctx context.Context, p runtime.Pin, opts runtime.SetPinOptions) error
 	WithLease(ctx context.Context, fn func(ctx context.Context) error) error
 	Pull(ctx context.Context, ref string, opts runtime.PullOptions) (runtime.Pulled, error)
@@ -114,12 +115,14 @@ func (p *Provisioner) Converge(ctx context.Context, wants []Want) []Status {
 	return out
 }
 
+// provision plans w, then, under the key's lock, tries its candidates in
+// turn: the steps of Provision, each in a function of its own.
 func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
-	start := p.opts.Now()
+	start := time.Now()
 	st = Status{Key: w.Key(), Engine: w.Engine, Version: w.Version, Ref: w.Ref, Override: w.Override, State: Pending}
 	defer func() {
-		st.Duration = p.opts.Now().Sub(start)
-		st.At = p.opts.Now()
+		st.At = time.Now()
+		st.Duration = st.At.Sub(start)
 		p.emit(st)
 	}()
 	if err := ValidateWant(w); err != nil {
@@ -127,40 +130,14 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, p.opts.Timeout, fmt.Errorf("provision took longer than %s (provision timeout)", p.opts.Timeout))
 	defer cancel()
-	facts, err := p.opts.Node.Read(ctx)
-	if err != nil {
-		return st.fail(fmt.Errorf("read node facts: %w", err))
-	}
-	st.Simulated = facts.Simulated
-	pins, err := p.rt.Pins(ctx)
-	if err != nil {
-		return st.fail(err)
-	}
-	if pin, _ := p.pinFor(w, pins, facts); pin == nil || !facts.Supported() {
-		// Said only when the registry is asked: a pin that answers is no
-		// resolution, and reports none.
-		st.State, st.Detail = Resolving, "resolving "+w.Ref
-		p.emit(st)
-	}
-	pl, err := p.plan(ctx, w, facts, pins)
+	pl, err := p.planProvision(ctx, &st, w)
 	if err != nil {
 		return st.fail(cause(ctx, err))
 	}
-	st.Engine, st.Version, st.Key = pl.Engine, pl.Version, pl.Key
-	st.Override, st.Rejected = pl.Override, pl.Rejected
-	switch pl.Outcome {
-	case OutcomePinned:
-		return st.ready(*pl.Pinned, true, pl.Detail)
-	case images.OutcomeUnsupported:
-		st.State, st.Detail, st.Err = Unsupported, pl.Detail, pl.Err
+	st, done := st.planned(pl)
+	if done {
 		return st
-	case images.OutcomeNone:
-		st.State, st.Detail, st.Err = Disabled, pl.Detail, pl.Err
-		return st
-	case images.OutcomeNoCandidate, OutcomeConflict:
-		return st.fail(pl.Err)
 	}
-
 	// One provision of a key at a time, across wants and processes; under
 	// the lock, what another one did meanwhile counts.
 	unlock, err := p.lock(ctx, pl.Key)
@@ -168,20 +145,69 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 		return st.fail(cause(ctx, err))
 	}
 	defer unlock()
-	if pins, err = p.rt.Pins(ctx); err != nil {
+	pins, err := p.rt.Pins(ctx)
+	if err != nil {
 		return st.fail(err)
 	}
-	if pin, err := p.pinFor(w, pins, facts); err != nil {
+	if pin, err := p.pinFor(w, pins, pl.Node); err != nil {
 		return st.fail(err)
 	} else if pin != nil {
 		return st.ready(*pin, true, fmt.Sprintf("pinned %s (%s) by another provision meanwhile", pin.Ref, pin.Variant))
 	}
-	if err := checkHeld(pl, w, pins, facts); err != nil {
+	if err := checkHeld(pl, w, pins, pl.Node); err != nil {
 		return st.fail(err)
 	}
+	return p.tryCandidates(ctx, st, pl, w, pins)
+}
 
+// planProvision reads the node and the pins, and plans w. The status says
+// it is resolving only when the registry will be asked: a pin that
+// answers is no resolution.
+func (p *Provisioner) planProvision(ctx context.Context, st *Status, w Want) (*Plan, error) {
+	facts, err := p.opts.Node.Read(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read node facts: %w", err)
+	}
+	st.Simulated = facts.Simulated
+	pins, err := p.rt.Pins(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if pin, _ := p.pinFor(w, pins, facts); pin == nil || !facts.Supported() {
+		st.State, st.Detail = Resolving, "resolving "+w.Ref
+		p.emit(*st)
+	}
+	return p.plan(ctx, w, facts, pins)
+}
+
+// planned takes the plan's naming into the status, and ends the status
+// when the plan leaves nothing to try: a pin answers, the node is
+// unsupported, the engine disabled, no candidate fits, or the key is
+// held from another source.
+func (st Status) planned(pl *Plan) (Status, bool) {
+	st.Engine, st.Version, st.Key = pl.Engine, pl.Version, pl.Key
+	st.Override, st.Rejected = pl.Override, pl.Rejected
+	switch pl.Outcome {
+	case OutcomePinned:
+		return st.ready(*pl.Pinned, true, pl.Detail), true
+	case images.OutcomeUnsupported:
+		st.State, st.Detail, st.Err = Unsupported, pl.Detail, pl.Err
+		return st, true
+	case images.OutcomeNone:
+		st.State, st.Detail, st.Err = Disabled, pl.Detail, pl.Err
+		return st, true
+	case images.OutcomeNoCandidate, OutcomeConflict:
+		return st.fail(pl.Err), true
+	}
+	return st, false
+}
+
+// tryCandidates tries the plan's candidates in order until one is pinned.
+// Auto and an operator's image fall back to the next; a forced variant
+// does not, nor does a cancelled provision or a key taken meanwhile.
+func (p *Provisioner) tryCandidates(ctx context.Context, st Status, pl *Plan, w Want, pins []runtime.Pin) Status {
 	for _, c := range pl.Candidates {
-		pin, verdict, attempt := p.try(ctx, &st, pl, c, w, facts)
+		pin, verdict, attempt := p.try(ctx, &st, pl, c, w)
 		if attempt == nil {
 			st.Verdict = verdict
 			msg := fmt.Sprintf("pinned %s (%s), probe passed", pin.Ref, c.Variant)
@@ -194,34 +220,37 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 			attempt.Reason = cause(ctx, errors.New(attempt.Reason)).Error()
 		}
 		st.Attempts = append(st.Attempts, *attempt)
-		p.opts.Logger.Warn("candidate failed", "key", st.Key, "variant", c.Variant, "stage", attempt.Stage, "reason", firstLine(attempt.Reason))
+		p.opts.Logger.Warn("candidate failed", "key", st.Key, "attempt", attempt.String())
 		if errors.Is(attempt.Err, ErrConflict) {
 			// The key was pinned meanwhile by a provision that does not
 			// share this lock directory: no other candidate changes whose
 			// key it is, so none is pulled.
-			return p.raced(ctx, st, w, facts, attempt.Err)
+			return p.raced(ctx, st, w, pl.Node, attempt.Err)
 		}
 		if ctx.Err() != nil || pl.override.Kind == images.OverrideVariant {
-			// A forced variant gets no fallback; an operator's image is
-			// chosen among as auto chooses, so its next variant is tried.
 			break
 		}
 	}
+	return st.allFailed(pl, pinOf(pins, st.Key))
+}
+
+// allFailed is the status when no candidate passed: ErrAllFailed over
+// every attempt's error. An earlier pin is unchanged, and named as what
+// replicas may keep starting from while it still holds on this node.
+func (st Status) allFailed(pl *Plan, old *runtime.Pin) Status {
 	detail := attemptsSummary(st.Attempts)
 	if len(pl.Candidates) > 1 {
 		detail = fmt.Sprintf("all %d candidates failed: %s", len(st.Attempts), detail)
 	}
-	if old := pinOf(pins, st.Key); old != nil {
-		detail += "; the earlier pin " + old.Ref + " (" + old.Variant + ") is unchanged"
-		st = st.fail(attemptErrors(st.Attempts, detail))
-		if holds(old, facts) {
-			// Still proved on this node as it is: replicas may keep
-			// starting from it, and it is named with its own variant.
-			st.Pin, st.Pinned, st.Variant = old, old.Ref, old.Variant
-		}
-		return st
+	if old == nil {
+		return st.fail(attemptErrors(st.Attempts, detail))
 	}
-	return st.fail(attemptErrors(st.Attempts, detail))
+	detail += "; the earlier pin " + old.Ref + " (" + old.Variant + ") is unchanged"
+	st = st.fail(attemptErrors(st.Attempts, detail))
+	if holds(old, pl.Node) {
+		st.Pin, st.Pinned, st.Variant = old, old.Ref, old.Variant
+	}
+	return st
 }
 
 // raced ends a provision whose pin step found the key taken by another
@@ -256,7 +285,8 @@ func cause(ctx context.Context, err error) error {
 }
 
 // try pulls, probes and pins one candidate under a lease.
-func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Candidate, w Want, facts *node.Facts) (runtime.Pin, *probe.Verdict, *Attempt) {
+func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Candidate, w Want) (runtime.Pin, *probe.Verdict, *Attempt) {
+	facts := pl.Node
 	var (
 		pin     runtime.Pin
 		verdict *probe.Verdict
@@ -292,14 +322,10 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		}
 		verdict = v
 		st.ProbeOutput = out
-		kind := fmt.Sprint(v.Runtime["probe"]) // the probe that ran, the emulator included
-		if v.Runtime["probe"] == nil {
-			k, _ := probe.Select(c.Meta.Probe, probe.EngineFamily(st.Engine), p.opts.DefaultProbe)
-			kind = string(k)
-		}
+		kind, _ := v.Runtime["probe"].(string) // Probe says which ran, the emulator included
 		pin = runtime.Pin{
 			Key: st.Key, Ref: pulled.Name, Digest: pulled.Digest, Variant: c.Variant, Source: w.Ref,
-			Override: pl.Override, Node: facts.Fingerprint(), ProbedAt: p.opts.Now(),
+			Override: pl.Override, Node: facts.Fingerprint(), ProbedAt: time.Now(),
 			Probe: kind, Verdict: compactVerdict(v), Simulated: facts.Simulated,
 		}
 		// The pin is one update plus a demotion: once begun it is

@@ -3,6 +3,7 @@ package provision_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/runtime"
 )
@@ -126,8 +128,9 @@ func TestProvisionSimulatedAutoFallsBack(t *testing.T) {
 	if st.State != provision.Ready || st.Variant != "cu129" {
 		t.Fatalf("state %s variant %s: %s", st.State, st.Variant, st.Detail)
 	}
-	if len(st.Attempts) != 1 || st.Attempts[0].Variant != "cu13" || st.Attempts[0].Stage != "probe" {
-		t.Fatalf("attempts = %+v", st.Attempts)
+	var f *probe.Failure
+	if len(st.Attempts) != 1 || st.Attempts[0].Variant != "cu13" || st.Attempts[0].Stage != "probe" || !errors.As(st.Attempts[0].Err, &f) {
+		t.Fatalf("attempts = %+v; want cu13's *probe.Failure", st.Attempts)
 	}
 	if !strings.Contains(st.Detail, "cu13 failed at probe") || !strings.Contains(st.Detail, "cu129") {
 		t.Errorf("detail does not name both: %s", st.Detail)
@@ -145,11 +148,11 @@ func TestProvisionSimulatedForcedVariantFailsWithoutPin(t *testing.T) {
 	bad.SimProbe = "fail"
 	e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{bad, cu129})
 	st := e.p.Provision(ctx, provision.Want{Ref: e.ref, Override: "cu13"})
-	if st.State != provision.Failed || len(st.Attempts) != 1 {
-		t.Fatalf("state %s attempts %+v: %s", st.State, st.Attempts, st.Detail)
+	if len(st.Attempts) != 1 {
+		t.Fatalf("attempts %+v: %s", st.Attempts, st.Detail)
 	}
-	if !strings.Contains(st.Detail, "simulated failure") {
-		t.Errorf("detail lacks the probe's reason: %s", st.Detail)
+	if f := probeFailure(t, st); !strings.Contains(f.Reason, "simulated failure") {
+		t.Errorf("the failure lacks the probe's reason: %q", f.Reason)
 	}
 	pins, err := e.rt.Pins(ctx)
 	if err != nil || len(pins) != 0 {
@@ -195,8 +198,8 @@ func TestProvisionSimulatedProbeTimeoutLeavesNothing(t *testing.T) {
 	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{hang}, provision.WithProbeTimeout(2*time.Second))
 	start := time.Now()
 	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
-	if st.State != provision.Failed || !strings.Contains(st.Detail, "did not finish in 2s") {
-		t.Fatalf("%s: %s", st.State, st.Detail)
+	if f := probeFailure(t, st); f.Reason != "sim probe did not finish in 2s and was killed" {
+		t.Fatalf("reason %q", f.Reason)
 	}
 	if d := time.Since(start); d > 30*time.Second {
 		t.Errorf("a 2s timeout took %s", d)
@@ -223,11 +226,8 @@ func TestProvisionSimulatedBadVerdicts(t *testing.T) {
 				}
 				return
 			}
-			if st.State != provision.Failed {
-				t.Fatalf("state %s, want failed: %s", st.State, st.Detail)
-			}
-			if !strings.Contains(strings.ToLower(st.Detail), strings.ToLower(tc.want)) {
-				t.Errorf("detail %q lacks %q", st.Detail, tc.want)
+			if f := probeFailure(t, st); !strings.Contains(strings.ToLower(f.Reason), strings.ToLower(tc.want)) {
+				t.Errorf("reason %q lacks %q", f.Reason, tc.want)
 			}
 			pins, _ := e.rt.Pins(context.Background())
 			if len(pins) != 0 {
@@ -272,8 +272,9 @@ func TestReprovisionSimulatedFailureKeepsPinAndSameNodeNeedsNoRegistry(t *testin
 	before, _ := e.rt.GetPin(ctx, "demo:1.0")
 	e.node.Set(h100("580.82.07", "13.0"))
 	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
-	if st.State != provision.Failed || len(st.Attempts) != 2 || !strings.Contains(st.Detail, "earlier pin") {
-		t.Fatalf("state %s attempts %d: %s", st.State, len(st.Attempts), st.Detail)
+	// The detail tells the operator the earlier pin stands.
+	if probeFailure(t, st); len(st.Attempts) != 2 || !strings.Contains(st.Detail, "the earlier pin "+first.Pinned+" (cu129) is unchanged") {
+		t.Fatalf("attempts %d: %s", len(st.Attempts), st.Detail)
 	}
 	after, _ := e.rt.GetPin(ctx, "demo:1.0")
 	if after == nil || *after != *before {
@@ -372,8 +373,8 @@ func TestProvisionSimulatedFailedOverrideKeepsServingEarlierPin(t *testing.T) {
 	if st.State != provision.Failed || len(st.Attempts) != 1 || st.Attempts[0].Variant != "cu13" {
 		t.Fatalf("state %s attempts %+v: %s", st.State, st.Attempts, st.Detail)
 	}
-	if !strings.Contains(st.Detail, "CUDA driver version is insufficient") {
-		t.Errorf("detail lacks the probe's reason: %s", st.Detail)
+	if f := probeFailure(t, st); !strings.Contains(f.Reason, "CUDA driver version is insufficient") {
+		t.Errorf("the failure lacks the probe's reason: %q", f.Reason)
 	}
 	// The earlier pin still holds on this node: the status says where replicas start from.
 	if st.Pinned != first.Pinned {
@@ -428,8 +429,9 @@ func TestProvisionSimulatedTwoProcessesOneEngineWait(t *testing.T) {
 	defer release()
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if st := p.Provision(cctx, provision.Want{Ref: e.ref, Override: "cu129"}); st.State != provision.Failed || !strings.Contains(st.Detail, "another gpupin") {
-		t.Fatalf("%s: %s", st.State, st.Detail)
+	st := p.Provision(cctx, provision.Want{Ref: e.ref, Override: "cu129"})
+	if st.State != provision.Failed || !errors.Is(st.Err, context.DeadlineExceeded) || !strings.Contains(st.Detail, "another gpupin") {
+		t.Fatalf("%s (err %v)", st, st.Err)
 	}
 }
 
@@ -454,8 +456,9 @@ func TestProvisionSimulatedNeverReplacesHardwarePin(t *testing.T) {
 	// as proved here, and the simulated probe may not replace it.
 	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
 	// It is refused before any pull: no attempt was made.
-	if st.State != provision.Failed || len(st.Attempts) != 0 || !strings.Contains(st.Detail, "proved on hardware") {
-		t.Fatalf("state %s attempts %+v: %s", st.State, st.Attempts, st.Detail)
+	// A conflict, and not with another source: the words say which.
+	if st.State != provision.Failed || len(st.Attempts) != 0 || !errors.Is(st.Err, provision.ErrConflict) || !strings.Contains(st.Detail, "proved on hardware") {
+		t.Fatalf("state %s attempts %+v (err %v): %s", st.State, st.Attempts, st.Err, st.Detail)
 	}
 	after, _ := e.rt.GetPin(ctx, "demo:1.0")
 	if after == nil || after.Simulated || !after.ProbedAt.Equal(hw.ProbedAt) || after.Node != hw.Node {

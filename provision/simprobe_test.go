@@ -3,6 +3,7 @@ package provision_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -200,8 +201,9 @@ func TestSimulatedTorchProbeInRealPython(t *testing.T) {
 		probeStart := time.Now()
 		v, out, err := p.Probe(ctx, pulled.Name, meta, "vllm", facts)
 		t.Logf("pull and unpack %s; simulated torch probe %s", pullTook.Round(time.Millisecond), time.Since(probeStart).Round(time.Millisecond))
-		if err == nil || v != nil || !strings.Contains(err.Error(), "this torch build has no CUDA support (torch.version.cuda is empty)") {
-			t.Fatalf("Probe = %+v, %v; want the no-CUDA failure\n%s", v, err, out)
+		var f *probe.Failure
+		if v != nil || !errors.As(err, &f) || !strings.Contains(f.Reason, "this torch build has no CUDA support (torch.version.cuda is empty)") {
+			t.Fatalf("Probe = %+v, %v; want the no-CUDA *probe.Failure\n%s", v, err, out)
 		}
 		// The probe's verdict still names the real torch it found.
 		if !strings.Contains(out, `"torch":"1.13`) || !strings.Contains(out, `"simulated":true`) {
@@ -209,11 +211,11 @@ func TestSimulatedTorchProbeInRealPython(t *testing.T) {
 		}
 
 		st := p.Provision(ctx, provision.Want{Ref: cpuRef})
-		if st.State != provision.Failed || len(st.Attempts) != 1 || st.Attempts[0].Stage != "probe" {
-			t.Fatalf("state %s attempts %+v: %s", st.State, st.Attempts, st.Detail)
+		if len(st.Attempts) != 1 || st.Attempts[0].Stage != "probe" {
+			t.Fatalf("attempts %+v: %s", st.Attempts, st.Detail)
 		}
-		if !strings.Contains(st.Detail, "this torch build has no CUDA support (torch.version.cuda is empty)") {
-			t.Errorf("detail lacks the no-CUDA reason: %s", st.Detail)
+		if f := probeFailure(t, st); !strings.Contains(f.Reason, "this torch build has no CUDA support (torch.version.cuda is empty)") {
+			t.Errorf("reason lacks the no-CUDA reason: %q", f.Reason)
 		}
 		assertNoPins(t, rt)
 	})
@@ -268,11 +270,12 @@ func TestSimulatedCUDAProbeNeedsGlibc(t *testing.T) {
 			rt := testenv.Runtime(t)
 			ref := publish(t, reg, "app", variantImage{images.Metadata{Engine: "app", Variant: "cu129", CUDA: "12.9", Probe: "cuda"}, tc.img})
 			st := newProvisioner(t, rt, h100("575.57.08", "12.9")).Provision(ctx, provision.Want{Ref: ref})
-			if st.State != provision.Failed || !strings.Contains(st.Detail, "this image has no glibc loader; the cuda probe needs glibc") {
-				t.Fatalf("state %s: %s", st.State, st.Detail)
+			f := probeFailure(t, st)
+			if !strings.HasPrefix(f.Reason, "this image has no glibc loader; the cuda probe needs glibc") {
+				t.Fatalf("reason %q", f.Reason)
 			}
-			if strings.Contains(strings.SplitN(st.Detail, "\n", 2)[0], "no such file or directory") {
-				t.Errorf("the reason still reads as a missing file: %s", st.Detail)
+			if strings.Contains(f.Reason, "no such file or directory") {
+				t.Errorf("the reason still reads as a missing file: %s", f.Reason)
 			}
 			assertNoPins(t, rt)
 		})
@@ -326,12 +329,15 @@ func TestSimulatedDistrolessImage(t *testing.T) {
 			rt := testenv.Runtime(t)
 			ref := publish(t, reg, "app", variantImage{meta, tt.img})
 			st := newProvisioner(t, rt, h100("575.57.08", "12.9")).Provision(ctx, provision.Want{Ref: ref})
-			if st.State != tt.wantState || !strings.Contains(st.Detail, tt.wantDetail) {
-				t.Fatalf("state %s, want %s: %s", st.State, tt.wantState, st.Detail)
-			}
 			if tt.wantState != provision.Ready {
+				if f := probeFailure(t, st); !strings.Contains(f.Reason, tt.wantDetail) {
+					t.Fatalf("reason %q, want %q", f.Reason, tt.wantDetail)
+				}
 				assertNoPins(t, rt)
 				return
+			}
+			if st.State != provision.Ready {
+				t.Fatalf("state %s, want ready: %s", st.State, st.Detail)
 			}
 			for _, c := range tt.wantChecks {
 				if !hasCheck(st.Verdict, c) {
@@ -352,9 +358,10 @@ func TestSimulatedDistrolessImage(t *testing.T) {
 
 // selfTest is an image's own self-test (the exec probe), a shell script on
 // busybox: it reports the simulated devices when told the node is
-// simulated, what it would otherwise have done on a GPU.
+// simulated (or $SELFTEST_DEVICES in their place), what it would otherwise
+// have done on a GPU.
 const selfTest = `if [ "$GPUPIN_SIMULATED" = 1 ]; then
-  echo "GPUPIN-PROBE {\"ok\":$SELFTEST_OK,\"devices\":$GPUPIN_SIM_DEVICES,\"detail\":\"self-test: simulated node $GPUPIN_SIM_NODE_CUDA\"}"
+  echo "GPUPIN-PROBE {\"ok\":$SELFTEST_OK,\"devices\":${SELFTEST_DEVICES:-$GPUPIN_SIM_DEVICES},\"detail\":\"self-test: simulated node $GPUPIN_SIM_NODE_CUDA\"}"
 else
   echo "GPUPIN-PROBE {\"ok\":false,\"devices\":[],\"detail\":\"self-test: GPUPIN_SIMULATED=$GPUPIN_SIMULATED, a real node\"}"
 fi
@@ -364,15 +371,21 @@ func TestSimulatedExecProbeSelfTestVerdictCounts(t *testing.T) {
 	ctx := context.Background()
 	argv, _ := json.Marshal([]string{"/bin/sh", "-c", selfTest})
 	for _, tc := range []struct {
-		ok         string
+		name       string
+		env        []string
 		wantState  provision.State
-		wantDetail string
+		wantReason string
 	}{
-		{"true", provision.Ready, ""},
-		{"false", provision.Failed, "self-test: simulated node 12.9"},
+		{"ok", []string{"SELFTEST_OK=true"}, provision.Ready, ""},
+		{"not ok", []string{"SELFTEST_OK=false"}, provision.Failed, "self-test: simulated node 12.9"},
+		// A passing verdict on another device than the node's proves
+		// nothing here: on a simulated node the hint is the simulated
+		// devices, not CUDA_VISIBLE_DEVICES or a CDI spec.
+		{"another device", []string{"SELFTEST_OK=true", `SELFTEST_DEVICES=[{"index":0,"uuid":"GPU-other","name":"x","cc":"9.0"}]`}, provision.Failed,
+			"missing GPU 0 (NVIDIA H100 80GB HBM3, " + testenv.H100UUID + ") (on a simulated node the exec probe must report the devices of $GPUPIN_SIM_DEVICES as its own)"},
 	} {
-		t.Run("ok="+tc.ok, func(t *testing.T) {
-			img, err := sandbox.Image(sandbox.ImageSpec{Env: []string{"SELFTEST_OK=" + tc.ok}})
+		t.Run(tc.name, func(t *testing.T) {
+			img, err := sandbox.Image(sandbox.ImageSpec{Env: tc.env})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -380,16 +393,16 @@ func TestSimulatedExecProbeSelfTestVerdictCounts(t *testing.T) {
 			rt := testenv.Runtime(t)
 			ref := publish(t, reg, "selftest", variantImage{images.Metadata{Engine: "selftest", Variant: "cu129", CUDA: "12.9", Probe: "exec", ProbeExec: string(argv)}, img})
 			st := newProvisioner(t, rt, h100("575.57.08", "12.9")).Provision(ctx, provision.Want{Ref: ref})
-			if st.State != tc.wantState || !strings.Contains(st.Detail, tc.wantDetail) {
-				t.Fatalf("state %s, want %s: %s\n%s", st.State, tc.wantState, st.Detail, st.ProbeOutput)
-			}
-			if tc.wantState == provision.Ready {
-				// The self-test named no simulated checks: gpupin says what was not done.
-				if v := st.Verdict; !v.Simulated || !hasCheck(v, "all device work") || v.Runtime["probe"] != "exec" {
-					t.Fatalf("verdict = %+v", v)
+			if tc.wantState != provision.Ready {
+				if f := probeFailure(t, st); !strings.Contains(f.Reason, tc.wantReason) || strings.Contains(f.Reason, "CUDA_VISIBLE_DEVICES") {
+					t.Fatalf("reason %q, want %q\n%s", f.Reason, tc.wantReason, st.ProbeOutput)
 				}
-			} else {
 				assertNoPins(t, rt)
+				return
+			}
+			// The self-test named no simulated checks: gpupin says what was not done.
+			if v := st.Verdict; st.State != provision.Ready || !v.Simulated || !hasCheck(v, "all device work") || v.Runtime["probe"] != "exec" {
+				t.Fatalf("%s; verdict = %+v", st, v)
 			}
 		})
 	}
@@ -432,8 +445,8 @@ func TestSimulatedModeRefusedOnRealNode(t *testing.T) {
 			ref := publish(t, reg, "selftest", variantImage{images.Metadata{Engine: "selftest", Variant: "cu129", CUDA: "12.9", Probe: "exec", ProbeExec: string(argv)}, img})
 			p := newProvisioner(t, rt, &realNode, provision.WithGPUs(runtime.GPUs{Mode: runtime.GPUNone}))
 			st := p.Provision(ctx, provision.Want{Ref: ref})
-			if st.State != provision.Failed || !strings.Contains(st.Detail, tt.wantReason) {
-				t.Fatalf("state %s: %s", st.State, st.Detail)
+			if f := probeFailure(t, st); !strings.Contains(f.Reason, tt.wantReason) {
+				t.Fatalf("reason %q, want %q", f.Reason, tt.wantReason)
 			}
 			assertNoPins(t, rt)
 		})

@@ -4,6 +4,10 @@
 //
 // Start with New(rt, options...) and Provision or Converge; Plan says what
 // a provision would do without doing it; NewLoop keeps a node converged.
+// A Status that is not ready carries Err, classed by ErrNoCandidate,
+// ErrUnsupported, ErrDisabled, ErrConflict or ErrAllFailed for errors.Is.
+// Pins, RunPinned and ProbeImage are what `gpupin pins`, `run` and `probe`
+// call.
 package provision
 
 import (
@@ -175,17 +179,19 @@ func (s Status) ready(pin runtime.Pin, fromPin bool, detail string) Status {
 	return s
 }
 
+// String is the attempt in one line: the variant, the stage, and the
+// first line of the reason (a probe's may go on with its output).
+func (a Attempt) String() string {
+	reason, _, _ := strings.Cut(a.Reason, "\n")
+	return fmt.Sprintf("%s failed at %s: %s", a.Variant, a.Stage, reason)
+}
+
 func attemptsSummary(as []Attempt) string {
 	parts := make([]string, len(as))
 	for i, a := range as {
-		parts[i] = fmt.Sprintf("%s failed at %s: %s", a.Variant, a.Stage, firstLine(a.Reason))
+		parts[i] = a.String()
 	}
 	return strings.Join(parts, "; ")
-}
-
-func firstLine(s string) string {
-	line, _, _ := strings.Cut(s, "\n")
-	return line
 }
 
 // attemptErrors joins the attempts' errors under ErrAllFailed.

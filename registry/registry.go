@@ -1,12 +1,15 @@
-// Package registry is how gpupin reaches registries, for resolving a tag and
-// for pulling alike, so that `plan` and `provision` never disagree on where
-// an image comes from: containerd's hosts configuration (certs.d mirrors with
-// their capabilities, CAs, client certificates, skip_verify, override_path),
-// plain HTTP only for loopback and the registries named insecure, the Docker
-// config's credentials, and bounds on every request so a registry that stops
-// answering ends a provision instead of holding it.
+// Package registry is how gpupin reaches registries, for resolving a tag,
+// pulling and publishing alike, so that `plan`, `provision` and `publish`
+// never disagree on where an image comes from: containerd's hosts
+// configuration (certs.d mirrors with their capabilities, CAs, client
+// certificates, skip_verify, override_path), plain HTTP only for loopback
+// and the registries named insecure, the Docker config's credentials, and
+// bounds on every request so a registry that stops answering ends a
+// provision instead of holding it.
 //
-// Call New with a Config, then Resolver for containerd's docker resolver;
+// Call New with a Config. Resolver gives containerd's docker resolver
+// (runtime's pulls, images.Resolver's reads); Transport and Keychain give
+// go-containerregistry the same hosts and credentials (build's publish);
 // Explain turns a registry error into one a person can act on.
 package registry
 

@@ -2,7 +2,6 @@ package runtime_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,40 +22,7 @@ if /bin/busybox unshare -U -r -m /bin/busybox sh -c '/bin/busybox mount -t tmpfs
 echo ready
 while [ ! -e /signal/done ]; do sleep 0.05; done`
 
-// cgroupLimits reads the memory, memory+swap and pids limits of a
-// process's cgroup on the host, as "mem=…", "memsw=…", "pids=…" lines
-// (cgroup v1) or "mem=…", "swap=…", "pids=…" (v2, swap alone).
-func cgroupLimits(pid uint32) ([]string, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return nil, err
-	}
-	paths := map[string]string{}
-	for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		f := strings.SplitN(l, ":", 3)
-		if len(f) == 3 {
-			for _, c := range strings.Split(f[1], ",") {
-				paths[c] = f[2]
-			}
-		}
-	}
-	read := func(p string) string {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return "(" + err.Error() + ")"
-		}
-		return strings.TrimSpace(string(b))
-	}
-	if mem, ok := paths["memory"]; ok {
-		m := filepath.Join("/sys/fs/cgroup/memory", mem)
-		return []string{"mem=" + read(m+"/memory.limit_in_bytes"), "memsw=" + read(m+"/memory.memsw.limit_in_bytes"),
-			"pids=" + read(filepath.Join("/sys/fs/cgroup/pids", paths["pids"], "pids.max"))}, nil
-	}
-	u := filepath.Join("/sys/fs/cgroup", paths[""])
-	return []string{"mem=" + read(u+"/memory.max"), "swap=" + read(u+"/memory.swap.max"), "pids=" + read(u+"/pids.max")}, nil
-}
-
-// memLines is what cgroupLimits reads for a memory limit and a
+// memLines is what testenv.CgroupLimits reads for a memory limit and a
 // memory+swap limit (0: unlimited) on this node's cgroup version.
 func memLines(mem, memsw int64) []string {
 	itoa := func(n int64) string { return strconv.FormatInt(n, 10) }
@@ -114,7 +80,7 @@ func runBox(t *testing.T, rt *runtime.Runtime, spec runtime.RunSpec) (output str
 		if c, err := rt.Client().LoadContainer(nsctx, spec.ID); err == nil {
 			if task, err := c.Task(nsctx, nil); err == nil {
 				if st, err := task.Status(nsctx); err == nil && st.Status == "running" {
-					limits, limitsErr = cgroupLimits(task.Pid())
+					limits, limitsErr = testenv.CgroupLimits(task.Pid())
 				}
 			}
 		}

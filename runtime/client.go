@@ -1,6 +1,3 @@
-// Package runtime is gpupin's side of containerd: pulling candidates by
-// digest, running probe and replica containers, and keeping pins as labels
-// on image records. containerd is the database; there is no state file.
 package runtime
 
 import (

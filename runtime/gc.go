@@ -7,8 +7,10 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// Collected lists the image records gc removed, let go of, and kept.
+// Collected is what gc swept, and the image records it removed, let go
+// of, and kept.
 type Collected struct {
+	Swept   Swept    `json:"swept"`
 	Removed []string `json:"removed"`
 	// Released are records gpupin adopted but did not create: its labels
 	// are taken off and the record stays for whoever made it.
@@ -16,7 +18,8 @@ type Collected struct {
 	Kept     []string `json:"kept"`
 }
 
-// GC removes gpupin's image records that no pin and no container uses.
+// GC is `gpupin gc`: it sweeps what interrupted runs left (Sweep), then
+// removes gpupin's image records that no pin and no container uses.
 // The previous pin of each engine stays for rollback unless all is set;
 // all also takes candidates that a process of another pid namespace left
 // more than a lease's life ago.
@@ -29,6 +32,10 @@ type Collected struct {
 func (r *Runtime) GC(ctx context.Context, all bool) (Collected, error) {
 	var out Collected
 	ctx = r.ctx(ctx)
+	var err error
+	if out.Swept, err = r.Sweep(ctx); err != nil {
+		return out, fmt.Errorf("gc: %w", err)
+	}
 	pins, err := r.Pins(ctx) // recovers first
 	if err != nil {
 		return out, fmt.Errorf("gc: %w", err)

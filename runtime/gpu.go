@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sort"
@@ -23,15 +24,6 @@ const (
 	GPUNone GPUMode = "none"
 )
 
-// ParseGPUMode reads --gpu-mode.
-func ParseGPUMode(s string) (GPUMode, error) {
-	switch GPUMode(s) {
-	case GPUCDI, GPUNvidiaRuntime, GPUNone:
-		return GPUMode(s), nil
-	}
-	return "", fmt.Errorf("gpu mode %q: want cdi, nvidia-runtime or none", s)
-}
-
 // GPUs says which GPUs a container gets and how.
 type GPUs struct {
 	Mode GPUMode
@@ -43,9 +35,26 @@ type GPUs struct {
 // DefaultCDIDevice is every GPU, as nvidia-ctk names it.
 const DefaultCDIDevice = "nvidia.com/gpu=all"
 
-// ExpandGPUs turns --gpus values into CDI device names: "all" and bare
-// indexes or UUIDs are NVIDIA's; fully qualified names pass as they are.
-func ExpandGPUs(vals []string) []string {
+// ParseGPUs reads how GPUs reach a container (mode: cdi, the default,
+// nvidia-runtime or none) and which (devices, each value a comma list).
+// Under CDI "all" and bare indexes or UUIDs are NVIDIA's devices, fully
+// qualified names pass as they are, and none given is every GPU; under the
+// nvidia runtime they are NVIDIA_VISIBLE_DEVICES's values.
+func ParseGPUs(mode string, devices []string) (GPUs, error) {
+	switch g := (GPUs{Mode: GPUMode(cmp.Or(mode, string(GPUCDI)))}); g.Mode {
+	case GPUCDI:
+		g.Devices = cdiDevices(devices)
+		return g, nil
+	case GPUNvidiaRuntime:
+		g.Devices = devices
+		return g, nil
+	case GPUNone:
+		return g, nil
+	}
+	return GPUs{}, fmt.Errorf("gpu mode %q: want cdi, nvidia-runtime or none", mode)
+}
+
+func cdiDevices(vals []string) []string {
 	var out []string
 	for _, v := range vals {
 		for _, s := range strings.Split(v, ",") {

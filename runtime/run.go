@@ -1,13 +1,16 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
@@ -98,45 +101,77 @@ var ErrTimeout = errors.New("timed out")
 // a probe leaves nothing behind.
 func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err error) {
 	ctx = r.ctx(ctx)
-	seccompMode, err := ParseSeccomp(string(spec.Seccomp))
+	seccompMode, err := spec.check()
 	if err != nil {
 		return res, err
 	}
-	if spec.Hardened && seccompMode == SeccompUnconfined {
-		return res, errors.New("seccomp unconfined: the hardened box always filters syscalls")
+	img, err := r.runnable(ctx, spec.Image)
+	if err != nil {
+		return res, err
+	}
+	res.ID = spec.containerID()
+	cont, err := r.newContainer(ctx, img, res.ID, spec, seccompMode)
+	if err != nil {
+		return res, err
+	}
+	// Cleanup must run even when ctx is cancelled: a killed probe must not
+	// leave its container, task or snapshot.
+	defer func() {
+		derr := cleanup(ctx, func(ctx context.Context) error { return cont.Delete(ctx, client.WithSnapshotCleanup) })
+		if derr != nil && err == nil {
+			err = fmt.Errorf("remove container %s: %w", res.ID, derr)
+		}
+	}()
+	return r.runTask(ctx, cont, spec, res)
+}
+
+// check refuses a spec that contradicts itself, and returns its filter.
+func (spec RunSpec) check() (Seccomp, error) {
+	mode, err := ParseSeccomp(string(spec.Seccomp))
+	if err != nil {
+		return "", err
+	}
+	if spec.Hardened && mode == SeccompUnconfined {
+		return "", errors.New("seccomp unconfined: the hardened box always filters syscalls")
 	}
 	if spec.MemorySwap != 0 && spec.MemorySwap != -1 && (spec.MemoryLimit == 0 || spec.MemorySwap < int64(spec.MemoryLimit)) {
-		return res, fmt.Errorf("memory+swap %d: want -1, 0, or at least the memory limit (%d)", spec.MemorySwap, spec.MemoryLimit)
+		return "", fmt.Errorf("memory+swap %d: want -1, 0, or at least the memory limit (%d)", spec.MemorySwap, spec.MemoryLimit)
 	}
-	img, err := r.client.GetImage(ctx, spec.Image)
-	if err != nil {
-		return res, fmt.Errorf("image %s: %w", spec.Image, err)
-	}
-	// Whoever looked the record up, a name that says one digest and a
-	// target that is another is not the image that was proved.
-	if m := img.Metadata(); tampered(m) {
-		return res, fmt.Errorf("run %s: %w: the record points at %s, not the digest its name says; it was changed outside gpupin and is never run (gpupin gc removes it)",
-			spec.Image, ErrTampered, m.Target.Digest)
-	}
-	id := spec.ID
-	if id == "" {
-		role := spec.Role
-		if role == "" {
-			role = "run"
-		}
-		id = "gpupin-" + role + "-" + randomHex(6)
-	}
-	res.ID = id
-	labels := map[string]string{LabelManaged: "true", LabelOwner: owner, LabelRole: spec.Role}
-	for k, v := range spec.Labels {
-		labels[k] = v
-	}
+	return mode, nil
+}
 
+// containerID is the spec's ID, else role-random.
+func (spec RunSpec) containerID() string {
+	if spec.ID != "" {
+		return spec.ID
+	}
+	return "gpupin-" + cmp.Or(spec.Role, "run") + "-" + strings.ToLower(rand.Text())
+}
+
+// runnable looks the image record up and refuses a tampered one: whoever
+// looked it up, a name that says one digest and a target that is another
+// is not the image that was proved.
+func (r *Runtime) runnable(ctx context.Context, name string) (client.Image, error) {
+	img, err := r.client.GetImage(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", name, err)
+	}
+	if m := img.Metadata(); tampered(m) {
+		return nil, fmt.Errorf("run %s: %w: the record points at %s, not the digest its name says; it was changed outside gpupin and is never run (gpupin gc removes it)",
+			name, ErrTampered, m.Target.Digest)
+	}
+	return img, nil
+}
+
+// newContainer creates the container and its snapshot, labelled as
+// gpupin's and its owner's so a sweep finds them if this process dies.
+func (r *Runtime) newContainer(ctx context.Context, img client.Image, id string, spec RunSpec, seccompMode Seccomp) (client.Container, error) {
+	labels := map[string]string{LabelManaged: "true", LabelOwner: owner, LabelRole: spec.Role}
+	maps.Copy(labels, spec.Labels)
 	specOpts, runcOpts, err := r.specFor(img, spec, seccompMode)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-
 	cont, err := r.client.NewContainer(ctx, id,
 		client.WithImage(img),
 		client.WithSnapshotter(r.snapshotter),
@@ -149,35 +184,21 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 		// The snapshot is made before the spec; a spec that fails (a CDI
 		// device unknown) must not leave it.
 		r.client.SnapshotService(r.snapshotter).Remove(context.WithoutCancel(ctx), id)
-		return res, fmt.Errorf("create container %s: %w", id, err)
+		return nil, fmt.Errorf("create container %s: %w", id, err)
 	}
-	// Cleanup must run even when ctx is cancelled: a killed probe must not
-	// leave its container, task or snapshot.
-	defer func() {
-		derr := cleanup(ctx, func(ctx context.Context) error { return cont.Delete(ctx, client.WithSnapshotCleanup) })
-		if derr != nil && err == nil {
-			err = fmt.Errorf("remove container %s: %w", id, derr)
-		}
-	}()
+	return cont, nil
+}
 
-	limit := spec.OutputLimit
-	if limit <= 0 {
-		limit = 256 << 10
-	}
-	out := &tailBuffer{limit: limit}
-	var stdout, stderr io.Writer = out, out
-	if spec.Stdout != nil {
-		stdout = io.MultiWriter(out, spec.Stdout)
-	}
-	if spec.Stderr != nil {
-		stderr = io.MultiWriter(out, spec.Stderr)
-	}
+// runTask starts the container's task, waits for its end (awaitTask),
+// removes the task, and says how it ended.
+func (r *Runtime) runTask(ctx context.Context, cont client.Container, spec RunSpec, res RunResult) (_ RunResult, err error) {
+	out, stdout, stderr := spec.outputs()
 	if err := os.MkdirAll(r.fifoDir, 0o700); err != nil {
 		return res, fmt.Errorf("fifo dir: %w", err)
 	}
 	task, err := cont.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, stdout, stderr), cio.WithFIFODir(r.fifoDir)))
 	if err != nil {
-		return res, fmt.Errorf("create task %s: %w", id, err)
+		return res, fmt.Errorf("create task %s: %w", res.ID, err)
 	}
 	defer func() {
 		derr := cleanup(ctx, func(ctx context.Context) error {
@@ -185,34 +206,48 @@ func (r *Runtime) Run(ctx context.Context, spec RunSpec) (res RunResult, err err
 			return err
 		})
 		if derr != nil && err == nil {
-			err = fmt.Errorf("remove task %s: %w", id, derr)
+			err = fmt.Errorf("remove task %s: %w", res.ID, derr)
 		}
 	}()
 	exitCh, err := task.Wait(context.WithoutCancel(ctx))
 	if err != nil {
-		return res, fmt.Errorf("wait task %s: %w", id, err)
+		return res, fmt.Errorf("wait task %s: %w", res.ID, err)
 	}
 	start := time.Now()
 	if err := task.Start(ctx); err != nil {
-		return res, fmt.Errorf("start task %s: %w", id, err)
+		return res, fmt.Errorf("start task %s: %w", res.ID, err)
 	}
 	st := awaitTask(ctx, task, exitCh, spec.Timeout)
-	res.Duration = time.Since(start)
-	res.TimedOut = st.timedOut
-	res.ExitCode = st.code
+	res.Duration, res.TimedOut, res.ExitCode = time.Since(start), st.timedOut, st.code
 	drainOutput(ctx, task)
 	res.Output, res.Truncated = out.bytes()
 	switch {
 	case st.cancelled:
-		return res, fmt.Errorf("run %s: %w", id, ctx.Err())
+		return res, fmt.Errorf("run %s: %w", res.ID, ctx.Err())
 	case st.timedOut:
-		return res, fmt.Errorf("run %s: killed after %s: %w", id, spec.Timeout, ErrTimeout)
+		return res, fmt.Errorf("run %s: killed after %s: %w", res.ID, spec.Timeout, ErrTimeout)
 	case st.lost != nil:
-		return res, fmt.Errorf("task %s: lost its exit status (did containerd restart?): %w", id, st.lost)
+		return res, fmt.Errorf("task %s: lost its exit status (did containerd restart?): %w", res.ID, st.lost)
 	}
 	return res, nil
 }
 
+// outputs is where a run's output goes: a tail kept (OutputLimit, default
+// 256 KiB), and the spec's own writers as it comes.
+func (spec RunSpec) outputs() (out *tailBuffer, stdout, stderr io.Writer) {
+	out = &tailBuffer{limit: cmp.Or(max(spec.OutputLimit, 0), 256<<10)}
+	stdout, stderr = out, out
+	if spec.Stdout != nil {
+		stdout = io.MultiWriter(out, spec.Stdout)
+	}
+	if spec.Stderr != nil {
+		stderr = io.MultiWriter(out, spec.Stderr)
+	}
+	return out, stdout, stderr
+}
+
+// randomHex is n random bytes in hex; pull.go's staging names use it
+// (container IDs take crypto/rand.Text).
 func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)

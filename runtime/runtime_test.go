@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/leases"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/gpupin/gpupin/internal/sandbox"
@@ -296,12 +299,24 @@ func TestGCLetsGoOfAdoptedRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// What a gpupin that died left: gc sweeps it first, as `gpupin gc` does.
+	leftover, err := rt.Client().LeasesService().Create(nsctx, leases.WithRandomID(),
+		leases.WithLabels(map[string]string{runtime.LabelManaged: "true", runtime.LabelOwner: deadOwner(t)}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	col, err := rt.GC(ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(col.Removed) != 1 || col.Removed[0] != ref || len(col.Released) != 1 || col.Released[0] != adopted {
 		t.Fatalf("gc = %+v; want %s removed and %s released", col, ref, adopted)
+	}
+	if col.Swept.Leases != 1 {
+		t.Errorf("gc swept %+v; want the dead owner's lease", col.Swept)
+	}
+	if ls, err := rt.Client().LeasesService().List(nsctx, "id=="+leftover.ID); err != nil || len(ls) != 0 {
+		t.Errorf("the dead owner's lease is still there: %v %v", ls, err)
 	}
 	got, err := is.Get(nsctx, adopted)
 	if err != nil {
@@ -310,6 +325,41 @@ func TestGCLetsGoOfAdoptedRecords(t *testing.T) {
 	for k := range got.Labels {
 		if strings.HasPrefix(k, "io.gpupin.") || k == runtime.LabelCRIPinned {
 			t.Errorf("label %s left on the released record", k)
+		}
+	}
+}
+
+// deadOwner is the owner label of a process that has exited.
+func deadOwner(t *testing.T) string {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	owner := runtime.OwnerOf(cmd.Process.Pid)
+	cmd.Process.Kill()
+	cmd.Wait()
+	return owner
+}
+
+func TestParseGPUs(t *testing.T) {
+	for _, tc := range []struct {
+		mode    string
+		devices []string
+		want    runtime.GPUs
+		wantErr bool
+	}{
+		{"", nil, runtime.GPUs{Mode: runtime.GPUCDI, Devices: []string{runtime.DefaultCDIDevice}}, false},
+		{"cdi", []string{"0,1", "GPU-abc", " "}, runtime.GPUs{Mode: runtime.GPUCDI, Devices: []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=GPU-abc"}}, false},
+		{"cdi", []string{"vendor.com/dev=x", "all"}, runtime.GPUs{Mode: runtime.GPUCDI, Devices: []string{"vendor.com/dev=x", "nvidia.com/gpu=all"}}, false},
+		{"nvidia-runtime", []string{"0,1"}, runtime.GPUs{Mode: runtime.GPUNvidiaRuntime, Devices: []string{"0,1"}}, false},
+		{"none", []string{"0"}, runtime.GPUs{Mode: runtime.GPUNone}, false},
+		{"CDI", nil, runtime.GPUs{}, true},
+		{"docker", nil, runtime.GPUs{}, true},
+	} {
+		got, err := runtime.ParseGPUs(tc.mode, tc.devices)
+		if (err != nil) != tc.wantErr || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("ParseGPUs(%q, %q) = %+v, %v; want %+v (error %v)", tc.mode, tc.devices, got, err, tc.want, tc.wantErr)
 		}
 	}
 }

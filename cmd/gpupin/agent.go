@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"time"
@@ -46,40 +45,39 @@ func agentCommand() *cli.Command {
 
 func runAgent(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return cli.Exit(fmt.Sprintf("agent takes no arguments, got %q (wants come from --config or the API)", c.Args().First()), exitUsage)
+		return usageError("agent takes no arguments, got %q (wants come from --config or the API)", c.Args().First())
 	}
-	s, err := openSession(c)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	if s.simulated {
-		slog.Warn("SIMULATED node facts: probes are simulated; nothing is proved on a GPU", "node", lineageString(c, "node"))
-	}
-	nfdDir := c.String("nfd-features-dir")
-	if nfdDir != "" && !c.IsSet("nfd-features-dir") {
-		// The default only where NFD made it: no labels are made up on a
-		// host without node-feature-discovery.
-		if st, err := os.Stat(nfdDir); err != nil || !st.IsDir() {
-			slog.Info("no node-feature-discovery features directory: no node labels (give --nfd-features-dir to make one)", "dir", nfdDir)
-			nfdDir = ""
+	return inSession(c, needContainerd, func(s *session) error {
+		if s.simulated {
+			slog.Warn("SIMULATED node facts: probes are simulated; nothing is proved on a GPU", "node", lineageString(c, "node"))
 		}
-	}
-	err = agent.Run(c.Context, agent.RunConfig{
-		Runtime:   s.rt,
-		Provision: s.opts,
-		Loop:      provision.LoopOptions{Recheck: c.Duration("recheck"), RetryMin: c.Duration("retry"), NodeCheck: c.Duration("node-check")},
-		Options: agent.Options{ConfigPath: c.String("config"), OverridesPath: lineageString(c, "overrides"),
-			NFDFeaturesDir: nfdDir, SweepEvery: c.Duration("sweep-every")},
-		Socket:         c.String("socket"),
-		MetricsAddress: c.String("metrics-address"),
+		err := agent.Run(c.Context, agent.RunConfig{
+			Runtime:   s.rt,
+			Provision: s.opts,
+			Loop:      provision.LoopOptions{Recheck: c.Duration("recheck"), RetryMin: c.Duration("retry"), NodeCheck: c.Duration("node-check")},
+			Options: agent.Options{ConfigPath: c.String("config"), OverridesPath: lineageString(c, "overrides"),
+				NFDFeaturesDir: nfdDir(c), SweepEvery: c.Duration("sweep-every")},
+			Socket:         c.String("socket"),
+			MetricsAddress: c.String("metrics-address"),
+		})
+		var bad *agent.InputError
+		if errors.As(err, &bad) {
+			return cli.Exit(err.Error(), exitUsage)
+		}
+		return err
 	})
-	var bad *agent.InputError
-	switch {
-	case errors.As(err, &bad):
-		return cli.Exit(err.Error(), exitUsage)
-	case err != nil:
-		return cli.Exit(err.Error(), exitError)
+}
+
+// nfdDir is --nfd-features-dir; its default only where NFD made it, so no
+// labels are made up on a host without node-feature-discovery.
+func nfdDir(c *cli.Context) string {
+	dir := c.String("nfd-features-dir")
+	if dir == "" || c.IsSet("nfd-features-dir") {
+		return dir
 	}
-	return nil
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		slog.Info("no node-feature-discovery features directory: no node labels (give --nfd-features-dir to make one)", "dir", dir)
+		return ""
+	}
+	return dir
 }

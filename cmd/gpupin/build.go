@@ -34,7 +34,7 @@ func buildCommand() *cli.Command {
 
 func runBuild(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return cli.Exit(fmt.Sprintf("unexpected argument %q (the spec is given with -f)", c.Args().First()), exitUsage)
+		return usageError("unexpected argument %q (the spec is given with -f)", c.Args().First())
 	}
 	spec, err := build.LoadSpec(c.String("file"))
 	if err != nil {
@@ -42,7 +42,7 @@ func runBuild(c *cli.Context) error {
 	}
 	ann, err := parseAnnotations(listFlag(c, "annotation"))
 	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
+		return usageError("%v", err)
 	}
 	if !c.Bool("push") && c.String("output") == "" {
 		fmt.Fprintln(os.Stderr, "gpupin: neither --output nor --push: building only, to check the spec and print digests")
@@ -64,17 +64,18 @@ func runBuild(c *cli.Context) error {
 		}
 	}
 	if jsonOut(c) {
-		return printJSON(res)
+		return writeJSON(c.App.Writer, res)
 	}
+	w := c.App.Writer
 	for _, im := range res.Images {
-		fmt.Printf("%-8s %-14s %s\n", im.Variant, im.Platform, im.Digest)
+		fmt.Fprintf(w, "%-8s %-14s %s\n", im.Variant, im.Platform, im.Digest)
 	}
-	fmt.Printf("index %s\n", res.Index)
+	fmt.Fprintf(w, "index %s\n", res.Index)
 	if res.Output != "" {
-		fmt.Printf("wrote OCI layout %s\n", res.Output)
+		fmt.Fprintf(w, "wrote OCI layout %s\n", res.Output)
 	}
 	if res.Publish != nil {
-		printPublished(os.Stdout, res.Publish)
+		printPublished(w, res.Publish)
 	}
 	return nil
 }

@@ -1,7 +1,7 @@
 package main
 
 import (
-	"encoding/json"
+	"cmp"
 	"fmt"
 	"io"
 	"strings"
@@ -34,31 +34,33 @@ func detectCommand() *cli.Command {
 
 func runDetect(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return cli.Exit(fmt.Sprintf("detect takes no arguments, got %q", c.Args().First()), exitUsage)
+		return usageError("detect takes no arguments, got %q", c.Args().First())
 	}
-	f, err := choiceNode(c)
-	if err != nil {
-		return cli.Exit(err.Error(), exitError)
-	}
-	w := c.App.Writer
-	if jsonOut(c) {
-		// The facts --node reads, and beside them (a key it ignores) what
-		// containerd's CRI plugin does with pins, when it answers.
-		out := struct {
-			*node.Facts
-			Containerd *runtime.CRIPinning `json:"containerd,omitempty"`
-		}{Facts: f, Containerd: criPinning(c)}
-		if err := writeJSON(w, out); err != nil {
-			return cli.Exit(err.Error(), exitError)
+	return inSession(c, tryContainerd, func(s *session) error {
+		f, err := s.nodes.Read(c.Context)
+		if err != nil {
+			return fmt.Errorf("read node facts: %w", err)
 		}
-	} else {
-		writeFacts(w, f)
-		writeCRINote(c, w)
-	}
-	if !f.Supported() {
-		return cli.Exit("", exitNoResult)
-	}
-	return nil
+		w := c.App.Writer
+		if jsonOut(c) {
+			// The facts --node reads, and beside them (a key it ignores)
+			// what containerd's CRI plugin does with pins, when it answers.
+			out := struct {
+				*node.Facts
+				Containerd *runtime.CRIPinning `json:"containerd,omitempty"`
+			}{Facts: f, Containerd: criPinning(c, s)}
+			if err := writeJSON(w, out); err != nil {
+				return err
+			}
+		} else {
+			writeFacts(w, f)
+			writeCRINote(c, w, s)
+		}
+		if !f.Supported() {
+			return cli.Exit("", exitNoResult)
+		}
+		return nil
+	})
 }
 
 // writeFacts prints facts for a person.
@@ -79,14 +81,14 @@ func writeFacts(w io.Writer, f *node.Facts) {
 	for _, g := range f.GPUs {
 		fmt.Fprintf(w, "  GPU %d  %s\n", g.Index, g.Name)
 		fmt.Fprintf(w, "    uuid:   %s\n", g.UUID)
-		fmt.Fprintf(w, "    brand:  %s\n", orUnknown(g.Brand))
+		fmt.Fprintf(w, "    brand:  %s\n", cmp.Or(g.Brand, "unknown"))
 		fmt.Fprintf(w, "    cc:     %s\n", g.CC)
 		mem := "unknown"
 		if g.MemoryMiB > 0 {
 			mem = fmt.Sprintf("%d MiB", g.MemoryMiB)
 		}
 		fmt.Fprintf(w, "    memory: %s\n", mem)
-		fmt.Fprintf(w, "    mig:    %s\n", orDefault(g.MIG, "not reported"))
+		fmt.Fprintf(w, "    mig:    %s\n", cmp.Or(g.MIG, "not reported"))
 	}
 }
 
@@ -95,19 +97,18 @@ func writeFacts(w io.Writer, f *node.Facts) {
 // asked about a pinned record) or judged from the version: containerd 1.6
 // has no notion of pinned images, and an operator should know that gpupin
 // restores pins there rather than kubelet keeping them.
-func writeCRINote(c *cli.Context, w io.Writer) {
-	rt, err := connect(c, registryPolicy(c))
-	if err != nil {
-		fmt.Fprintf(w, "containerd:  not reached (%s)\n", firstLine(err.Error()))
+func writeCRINote(c *cli.Context, w io.Writer, s *session) {
+	if s.rt == nil {
+		reason, _, _ := strings.Cut(s.rtErr.Error(), "\n")
+		fmt.Fprintf(w, "containerd:  not reached (%s)\n", reason)
 		return
 	}
-	defer rt.Close()
-	cri, err := rt.CRIPinning(c.Context)
+	cri, err := s.rt.CRIPinning(c.Context)
 	if err != nil {
 		fmt.Fprintf(w, "containerd:  %s\n", err)
 		return
 	}
-	fmt.Fprintf(w, "containerd:  %s, namespace %s\n", cri.Version, rt.Namespace())
+	fmt.Fprintf(w, "containerd:  %s, namespace %s\n", cri.Version, s.rt.Namespace())
 	fmt.Fprintf(w, "  pinned:    %s\n", cri.Note)
 	if cri.How == runtime.CRISeen {
 		fmt.Fprintf(w, "  (seen: the CRI plugin reports %s pinned: %v)\n", cri.Image, cri.Kept)
@@ -118,13 +119,11 @@ func writeCRINote(c *cli.Context, w io.Writer) {
 
 // criPinning is what containerd's CRI plugin does with pins, or nil when
 // containerd does not answer.
-func criPinning(c *cli.Context) *runtime.CRIPinning {
-	rt, err := connect(c, registryPolicy(c))
-	if err != nil {
+func criPinning(c *cli.Context, s *session) *runtime.CRIPinning {
+	if s.rt == nil {
 		return nil
 	}
-	defer rt.Close()
-	cri, err := rt.CRIPinning(c.Context)
+	cri, err := s.rt.CRIPinning(c.Context)
 	if err != nil {
 		return nil
 	}
@@ -141,56 +140,4 @@ func nodeSummary(f *node.Facts) string {
 		gpus[i] = fmt.Sprintf("%d %s (cc %s)", g.Index, g.Name, g.CC)
 	}
 	return fmt.Sprintf("driver %s, CUDA %s, %s, %d GPU(s): %s", f.Driver, f.CUDA, f.Platform, len(f.GPUs), strings.Join(gpus, "; "))
-}
-
-func orUnknown(s string) string { return orDefault(s, "unknown") }
-
-func orDefault(s, d string) string {
-	if s == "" {
-		return d
-	}
-	return s
-}
-
-// writeJSON prints indented JSON to w (the app's writer, so tests capture it).
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		return fmt.Errorf("encode JSON: %w", err)
-	}
-	return nil
-}
-
-// lineageString returns a flag's value from the nearest command that set it
-// (a subcommand's own --node, or the global one), else the global default.
-// c.String alone would return a subcommand flag's empty default and hide the
-// global flag.
-func lineageString(c *cli.Context, name string) string {
-	lineage := c.Lineage()
-	for _, x := range lineage {
-		if x.IsSet(name) {
-			return x.String(name)
-		}
-	}
-	// The default: the outermost context that has the flag. (urfave/cli
-	// puts a bare context above the app's, which has no flags at all.)
-	for i := len(lineage) - 1; i >= 0; i-- {
-		if v := lineage[i].String(name); v != "" {
-			return v
-		}
-	}
-	return ""
-}
-
-// choiceNode reads node facts from --node (at any level) or NVML.
-func choiceNode(c *cli.Context) (*node.Facts, error) {
-	if p := lineageString(c, "node"); p != "" {
-		return node.LoadFile(p)
-	}
-	f, err := node.NewReader().Read(c.Context)
-	if err != nil {
-		return nil, fmt.Errorf("read node facts: %w", err)
-	}
-	return f, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/registry"
 )
 
 func globalFlags() []cli.Flag {
@@ -26,6 +28,46 @@ func globalFlags() []cli.Flag {
 		&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"GPUPIN_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
 		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
 	}, registryFlags()...)
+}
+
+// runtimeFlags are the flags of commands that talk to containerd and run
+// containers.
+func runtimeFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringSliceFlag{Name: "cdi-spec-dir", Value: cli.NewStringSlice("/etc/cdi", "/var/run/cdi"), Usage: "where CDI specs are read"},
+		&cli.StringFlag{Name: "runc-root", Usage: "runc's state directory (default: runc's own)", Hidden: true},
+	}
+}
+
+func gpuFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "gpu-mode", Usage: "how GPUs reach the container: cdi, nvidia-runtime or none (default cdi; none on a simulated node)"},
+		&cli.StringSliceFlag{Name: "gpus", Usage: "GPUs to inject: all, indexes, UUIDs or CDI names (default all)"},
+	}
+}
+
+// provisionFlags are the flags of commands that provision (provision, agent).
+func provisionFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.DurationFlag{Name: "provision-timeout", Value: time.Hour, Usage: "give up on a provision (pulls and probes included) after this long; the status says it was this timeout"},
+		&cli.DurationFlag{Name: "probe-timeout", Value: 10 * time.Minute, Usage: "kill a probe that runs longer"},
+		&cli.StringFlag{Name: "probe-memory", Value: "16g", Usage: "the probe container's memory limit, swap included (bytes, or k, m, g, t); the probe always has one, so 0 is refused"},
+		&cli.Int64Flag{Name: "probe-pids", Value: 4096, Usage: "the probe container's pids limit; the probe always has one, so 0 is refused"},
+		&cli.StringFlag{Name: "probe", Usage: "probe to use when neither the image nor the engine names one: torch, cuda, exec"},
+		&cli.StringFlag{Name: "probe-dir", Usage: "where probe programs are staged on the host"},
+		&cli.StringFlag{Name: "cuda-probe", Usage: "path of the gpupin-cuda-probe binary"},
+		&cli.StringFlag{Name: "sim-probe", Usage: "path of the gpupin-sim-probe binary (the emulator test fixtures ask for)"},
+		&cli.StringFlag{Name: "lock-dir", Value: "/run/gpupin/locks", Usage: "per-engine locks shared with the agent and other gpupin processes"},
+	}
+}
+
+// registryFlags bound what a registry may withhold; global, as every
+// command that reads a registry honours them.
+func registryFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.DurationFlag{Name: "registry-timeout", Value: registry.DefaultHeaderTimeout, EnvVars: []string{"GPUPIN_REGISTRY_TIMEOUT"}, Usage: "give up on a registry request that has no answer (response headers) after this long"},
+		&cli.DurationFlag{Name: "registry-stall", Value: registry.DefaultStallTimeout, EnvVars: []string{"GPUPIN_REGISTRY_STALL"}, Usage: "cut a transfer that moved less than 32 KiB in this long"},
+	}
 }
 
 func setupLogging(c *cli.Context) error {
@@ -52,42 +94,50 @@ func jsonOut(c *cli.Context) bool {
 	return false
 }
 
-func printJSON(v any) error {
-	enc := json.NewEncoder(os.Stdout)
+// writeJSON prints indented JSON to w (the app's writer, so tests capture it).
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-// lineageSlice is lineageString for a string slice flag.
-func lineageSlice(c *cli.Context, name string) []string {
-	lineage := c.Lineage()
-	for _, x := range lineage {
-		if x.IsSet(name) {
-			return x.StringSlice(name)
-		}
-	}
-	for i := len(lineage) - 1; i >= 0; i-- { // the default (see lineageString)
-		if v := lineage[i].StringSlice(name); v != nil {
-			return v
-		}
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("encode JSON: %w", err)
 	}
 	return nil
 }
 
+// lineageString returns a flag's value from the nearest command that set it
+// (a subcommand's own --node, or the global one), else the global default.
+// c.String alone would return a subcommand flag's empty default and hide the
+// global flag.
+func lineageString(c *cli.Context, name string) string {
+	return fromLineage(c, name, (*cli.Context).String, func(v string) bool { return v != "" })
+}
+
+// lineageSlice is lineageString for a string slice flag.
+func lineageSlice(c *cli.Context, name string) []string {
+	return fromLineage(c, name, (*cli.Context).StringSlice, func(v []string) bool { return v != nil })
+}
+
 // lineageDuration is lineageString for a duration flag.
 func lineageDuration(c *cli.Context, name string) time.Duration {
+	return fromLineage(c, name, (*cli.Context).Duration, func(v time.Duration) bool { return v != 0 })
+}
+
+func fromLineage[T any](c *cli.Context, name string, get func(*cli.Context, string) T, given func(T) bool) T {
 	lineage := c.Lineage()
 	for _, x := range lineage {
 		if x.IsSet(name) {
-			return x.Duration(name)
+			return get(x, name)
 		}
 	}
-	for i := len(lineage) - 1; i >= 0; i-- { // the default (see lineageString)
-		if v := lineage[i].Duration(name); v != 0 {
+	// The default: the outermost context that has the flag. (urfave/cli
+	// puts a bare context above the app's, which has no flags at all.)
+	for i := len(lineage) - 1; i >= 0; i-- {
+		if v := get(lineage[i], name); given(v) {
 			return v
 		}
 	}
-	return 0
+	var zero T
+	return zero
 }
 
 func simulatedNote(f *node.Facts) string {

@@ -1,15 +1,11 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"sort"
-	"strings"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/images"
-	"github.com/gpupin/gpupin/provision"
 )
 
 func init() { register(overrideCommand) }
@@ -66,14 +62,10 @@ type overrideEntry struct {
 	File     string `json:"file"`
 }
 
-func loadOverrideFile(c *cli.Context) (*images.OverrideFile, error) {
-	return images.LoadOverrides(lineageString(c, "overrides"))
-}
-
 func runOverrideSet(c *cli.Context) error {
 	args := c.Args().Slice()
 	if len(args) != 2 {
-		return cli.Exit("usage: gpupin override set ENGINE VALUE [--ref REF]; "+images.OverrideForms, exitUsage)
+		return usageError("usage: gpupin override set ENGINE VALUE [--ref REF]; %s", images.OverrideForms)
 	}
 	engine, value := args[0], args[1]
 	ov, err := images.ParseOverride(value)
@@ -81,12 +73,18 @@ func runOverrideSet(c *cli.Context) error {
 		err = fmt.Errorf("%q is not an engine name", engine)
 	}
 	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
+		return usageError("%v", err)
 	}
 	// The registry is asked before the file is locked: a slow registry
 	// must not hold up the agent's writes.
 	if ref := c.String("ref"); ref != "" {
-		if err := checkOverrideAgainst(c, engine, ov, ref); err != nil {
+		err := inSession(c, noContainerd, func(s *session) error {
+			if err := s.provisioner().CheckOverride(c.Context, engine, ov, ref); err != nil {
+				return fmt.Errorf("--ref: %w", err)
+			}
+			return nil
+		})
+		if err != nil {
 			return err
 		}
 	}
@@ -95,105 +93,64 @@ func runOverrideSet(c *cli.Context) error {
 		ov, setErr = of.Set(engine, value)
 		return setErr
 	})
-	if setErr != nil {
-		return cli.Exit(setErr.Error(), exitUsage)
-	}
-	if err != nil {
-		return cli.Exit(err.Error(), exitError)
-	}
-	if jsonOut(c) {
-		return jsonOrExit(c, overrideEntry{Engine: engine, Override: ov.String(), Kind: string(ov.Kind), Set: true, File: of.Path})
+	switch {
+	case setErr != nil:
+		return usageError("%v", setErr)
+	case err != nil:
+		return err
+	case jsonOut(c):
+		return writeJSON(c.App.Writer, overrideEntry{Engine: engine, Override: ov.String(), Kind: string(ov.Kind), Set: true, File: of.Path})
 	}
 	fmt.Fprintf(c.App.Writer, "%s: %s (%s), in %s\n", engine, ov, ov.Kind, of.Path)
 	return nil
 }
 
-// checkOverrideAgainst resolves ref and refuses a variant it does not
-// publish, or a ref of another engine: named as provision names it (its
-// io.gpupin.engine, else its repository's last element).
-func checkOverrideAgainst(c *cli.Context, engine string, ov images.Override, ref string) error {
-	p := provision.New(nil, provision.WithResolver(&images.Resolver{Remote: registryPolicy(c)}))
-	named, err := p.Name(c.Context, provision.Want{Ref: ref})
-	if errors.Is(err, provision.ErrInvalidWant) {
-		return cli.Exit(fmt.Sprintf("--ref: %v", err), exitUsage)
+// engineArg is the one argument of get and clear, an engine name.
+func engineArg(c *cli.Context) (string, error) {
+	if c.NArg() != 1 {
+		return "", usageError("usage: %s", c.Command.UsageText)
 	}
-	if err != nil {
-		return cli.Exit(fmt.Sprintf("--ref: %v", err), exitError)
+	engine := c.Args().First()
+	if !images.ValidEngineName(engine) {
+		return "", usageError("%q is not an engine name", engine)
 	}
-	if named.Engine != engine {
-		return cli.Exit(fmt.Sprintf("--ref %s is engine %s (named by its %s), not %s", ref, named.Engine, namedByWords(named.NamedBy), engine), exitUsage)
-	}
-	if ov.Kind != images.OverrideVariant {
-		return nil
-	}
-	seen := map[string]bool{}
-	var published []string
-	for _, v := range named.Set.Variants {
-		if !seen[v.Variant] {
-			seen[v.Variant] = true
-			published = append(published, v.Variant)
-		}
-	}
-	if !seen[ov.Variant] {
-		sort.Strings(published)
-		return cli.Exit(fmt.Sprintf("variant %s is not published under %s; published: %s", ov.Variant, ref, strings.Join(published, ", ")), exitUsage)
-	}
-	return nil
-}
-
-// namedByWords says how a key was named, as a person reads it.
-func namedByWords(by string) string {
-	switch by {
-	case provision.NamedByMetadata:
-		return "io.gpupin.engine metadata"
-	case provision.NamedByPin:
-		return "pin"
-	case provision.NamedByWant:
-		return "want"
-	}
-	return "repository's last element"
+	return engine, nil
 }
 
 func runOverrideGet(c *cli.Context) error {
-	args := c.Args().Slice()
-	if len(args) != 1 {
-		return cli.Exit("usage: gpupin override get ENGINE", exitUsage)
-	}
-	engine := args[0]
-	if !images.ValidEngineName(engine) {
-		return cli.Exit(fmt.Sprintf("%q is not an engine name", engine), exitUsage)
-	}
-	of, err := loadOverrideFile(c)
+	engine, err := engineArg(c)
 	if err != nil {
-		return cli.Exit(err.Error(), exitError)
+		return err
+	}
+	of, err := images.LoadOverrides(lineageString(c, "overrides"))
+	if err != nil {
+		return err
 	}
 	ov, set := of.Get(engine)
-	if jsonOut(c) {
-		return jsonOrExit(c, overrideEntry{Engine: engine, Override: ov.String(), Kind: string(ov.Kind), Set: set, File: of.Path})
-	}
-	if set {
+	switch {
+	case jsonOut(c):
+		return writeJSON(c.App.Writer, overrideEntry{Engine: engine, Override: ov.String(), Kind: string(ov.Kind), Set: set, File: of.Path})
+	case set:
 		fmt.Fprintf(c.App.Writer, "%s\n", ov)
-	} else {
+	default:
 		fmt.Fprintf(c.App.Writer, "auto (not set in %s)\n", of.Path)
 	}
 	return nil
 }
 
 func runOverrideList(c *cli.Context) error {
-	args := c.Args().Slice()
-	if len(args) > 0 {
-		return cli.Exit("usage: gpupin override list", exitUsage)
+	if c.NArg() > 0 {
+		return usageError("usage: gpupin override list")
 	}
-	of, err := loadOverrideFile(c)
+	of, err := images.LoadOverrides(lineageString(c, "overrides"))
 	if err != nil {
-		return cli.Exit(err.Error(), exitError)
+		return err
 	}
 	if jsonOut(c) {
-		out := struct {
+		return writeJSON(c.App.Writer, struct {
 			File      string            `json:"file"`
 			Overrides map[string]string `json:"overrides"`
-		}{of.Path, of.Overrides}
-		return jsonOrExit(c, out)
+		}{of.Path, of.Overrides})
 	}
 	if len(of.Overrides) == 0 {
 		fmt.Fprintf(c.App.Writer, "no overrides in %s: every engine is auto\n", of.Path)
@@ -206,36 +163,24 @@ func runOverrideList(c *cli.Context) error {
 }
 
 func runOverrideClear(c *cli.Context) error {
-	args := c.Args().Slice()
-	if len(args) != 1 {
-		return cli.Exit("usage: gpupin override clear ENGINE", exitUsage)
-	}
-	engine := args[0]
-	if !images.ValidEngineName(engine) {
-		return cli.Exit(fmt.Sprintf("%q is not an engine name", engine), exitUsage)
+	engine, err := engineArg(c)
+	if err != nil {
+		return err
 	}
 	var was bool
 	of, err := images.UpdateOverrides(lineageString(c, "overrides"), func(of *images.OverrideFile) error {
 		was = of.Clear(engine)
 		return nil
 	})
-	if err != nil {
-		return cli.Exit(err.Error(), exitError)
-	}
-	if jsonOut(c) {
-		return jsonOrExit(c, overrideEntry{Engine: engine, Override: "auto", Kind: string(images.OverrideAuto), Set: false, File: of.Path})
-	}
-	if was {
+	switch {
+	case err != nil:
+		return err
+	case jsonOut(c):
+		return writeJSON(c.App.Writer, overrideEntry{Engine: engine, Override: "auto", Kind: string(images.OverrideAuto), Set: false, File: of.Path})
+	case was:
 		fmt.Fprintf(c.App.Writer, "%s: cleared, now auto\n", engine)
-	} else {
+	default:
 		fmt.Fprintf(c.App.Writer, "%s: no override was set; it is auto\n", engine)
-	}
-	return nil
-}
-
-func jsonOrExit(c *cli.Context, v any) error {
-	if err := writeJSON(c.App.Writer, v); err != nil {
-		return cli.Exit(err.Error(), exitError)
 	}
 	return nil
 }

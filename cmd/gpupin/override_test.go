@@ -32,10 +32,10 @@ func TestOverrideCommands(t *testing.T) {
 		{"bad engine refused", ov("set", "vLLM", "cu129"), exitUsage, nil, "not an engine name"},
 		{"variant not published under --ref", ov("set", "vllm", "cu118", "--ref", w.engine), exitUsage, nil, "variant cu118 is not published under " + w.engine + "; published: cu129, cu13"},
 		{"variant published under --ref", ov("set", "vllm", "cu13", "--ref", w.engine), exitOK, []string{"vllm: cu13 (variant)"}, ""},
-		{"--ref of another engine", ov("set", "sglang", "cu13", "--ref", w.engine), exitUsage, nil, "--ref " + w.engine + " is engine vllm (named by its io.gpupin.engine metadata), not sglang"},
+		{"--ref of another engine", ov("set", "sglang", "cu13", "--ref", w.engine), exitUsage, nil, "--ref: " + w.engine + " is engine vllm (named by its io.gpupin.engine metadata), not sglang"},
 		// No metadata names it: provision names it by its repository, and
 		// an override filed under another name would never apply to it.
-		{"--ref named by its repository", ov("set", "vllm", "cu129", "--ref", w.derived), exitUsage, nil, "--ref " + w.derived + " is engine vllm-openai (named by its repository's last element), not vllm"},
+		{"--ref named by its repository", ov("set", "vllm", "cu129", "--ref", w.derived), exitUsage, nil, "--ref: " + w.derived + " is engine vllm-openai (named by its repository's last element), not vllm"},
 		{"--ref under its repository's name", ov("set", "vllm-openai", "cu129", "--ref", w.derived), exitOK, []string{"vllm-openai: cu129 (variant)"}, ""},
 		{"clear it again", ov("clear", "vllm-openai"), exitOK, []string{"vllm-openai: cleared, now auto"}, ""},
 		{"--ref unreachable", ov("set", "vllm", "cu13", "--ref", w.reg.Host+"/vllm:0.0.0"), exitError, nil, "--ref"},

@@ -1,7 +1,7 @@
 package main
 
 import (
-	"errors"
+	"cmp"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -10,26 +10,12 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 func init() {
 	register(pinsCommand)
 	register(unpinCommand)
 	register(gcCommand)
-}
-
-// pinView is a pin with whether it still holds on this node.
-type pinView struct {
-	runtime.Pin
-	// Valid is true when the pin was proved under this node's fingerprint.
-	Valid *bool `json:"valid,omitempty"`
-	// SimulatedChecks are the checks its verdict says were simulated.
-	SimulatedChecks []string `json:"simulated_checks,omitempty"`
-	// VerdictTruncated: the verdict label was cut, and what it said of
-	// simulated checks is lost (VerdictError says so).
-	VerdictTruncated bool   `json:"verdict_truncated,omitempty"`
-	VerdictError     string `json:"verdict_error,omitempty"`
 }
 
 func pinsCommand() *cli.Command {
@@ -46,88 +32,63 @@ func pinsCommand() *cli.Command {
 			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED)"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		},
-		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return cli.Exit(fmt.Sprintf("usage: %s (no arguments; got %q)", c.Command.UsageText, c.Args().First()), exitUsage)
-			}
-			rt, err := connect(c, registryPolicy(c))
-			if err != nil {
-				return cli.Exit(err.Error(), exitError)
-			}
-			defer rt.Close()
-			pins, err := rt.Pins(c.Context)
-			if err != nil {
-				return cli.Exit(err.Error(), exitError)
-			}
-			if c.Bool("previous") {
-				prev, err := rt.PreviousPins(c.Context)
-				if err != nil {
-					return cli.Exit(err.Error(), exitError)
-				}
-				pins = append(pins, prev...)
-			}
-			// The node is read only to say whether each pin still holds.
-			fp := ""
-			if f, err := choiceNode(c); err == nil && f.Supported() {
-				fp = f.Fingerprint()
-			}
-			views := make([]pinView, len(pins))
-			for i, p := range pins {
-				views[i].Pin = p
-				// The label's format is provision's: read it there.
-				v, err := provision.ReadPinVerdict(p.Verdict)
-				views[i].SimulatedChecks = v.SimulatedChecks
-				if err != nil {
-					views[i].VerdictTruncated = errors.Is(err, provision.ErrVerdictTruncated)
-					views[i].VerdictError = err.Error()
-				}
-				if fp != "" {
-					v := p.Node == fp
-					views[i].Valid = &v
-				}
-			}
-			if jsonOut(c) {
-				return writeJSON(c.App.Writer, views)
-			}
-			if len(views) == 0 {
-				fmt.Fprintln(c.App.Writer, "no pins in namespace", rt.Namespace())
-				return nil
-			}
-			tw := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ENGINE\tVARIANT\tPINNED\tLOCAL NAME\tPROBED\tTHIS NODE")
-			for _, v := range views {
-				key := v.Key
-				if v.Previous {
-					key += " (previous)"
-				}
-				valid := "unknown"
-				if v.Valid != nil && *v.Valid {
-					valid = "proved"
-				} else if v.Valid != nil {
-					valid = "re-prove (driver or GPUs changed)"
-				}
-				if v.Simulated {
-					valid += ", SIMULATED"
-					switch n := len(v.SimulatedChecks); {
-					case v.VerdictError != "":
-						valid += " (" + v.VerdictError + ")"
-					case n > 0:
-						valid += fmt.Sprintf(" (%d checks simulated: %s)", n, strings.Join(v.SimulatedChecks, "; "))
-					}
-				} else if v.VerdictError != "" {
-					valid += " (" + v.VerdictError + ")"
-				}
-				if !v.Restored.IsZero() {
-					valid += ", restored " + v.Restored.Format(time.RFC3339)
-				}
-				if v.Tampered {
-					valid = "TAMPERED: points elsewhere; never run; gpupin gc removes it"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", key, v.Variant, v.Ref, orDefault(v.Local, "-"), v.ProbedAt.Format(time.RFC3339), valid)
-			}
-			return tw.Flush()
-		},
+		Action: runPins,
 	}
+}
+
+func runPins(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return usageError("usage: %s (no arguments; got %q)", c.Command.UsageText, c.Args().First())
+	}
+	return inSession(c, needContainerd, func(s *session) error {
+		pins, err := s.provisioner().Pins(c.Context, c.Bool("previous"))
+		if err != nil {
+			return err
+		}
+		if jsonOut(c) {
+			return writeJSON(c.App.Writer, pins)
+		}
+		if len(pins) == 0 {
+			fmt.Fprintln(c.App.Writer, "no pins in namespace", s.rt.Namespace())
+			return nil
+		}
+		tw := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ENGINE\tVARIANT\tPINNED\tLOCAL NAME\tPROBED\tTHIS NODE")
+		for _, p := range pins {
+			key := p.Key
+			if p.Previous {
+				key += " (previous)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", key, p.Variant, p.Ref, cmp.Or(p.Local, "-"), p.ProbedAt.Format(time.RFC3339), pinState(p))
+		}
+		return tw.Flush()
+	})
+}
+
+// pinState says whether a pin holds on this node, and how it was proved.
+func pinState(p provision.PinStatus) string {
+	if p.Tampered {
+		return "TAMPERED: points elsewhere; never run; gpupin gc removes it"
+	}
+	state := "unknown"
+	if p.Valid != nil && *p.Valid {
+		state = "proved"
+	} else if p.Valid != nil {
+		state = "re-prove (driver or GPUs changed)"
+	}
+	if p.Simulated {
+		state += ", SIMULATED"
+	}
+	switch {
+	case p.VerdictError != "":
+		state += " (" + p.VerdictError + ")"
+	case p.Simulated && len(p.SimulatedChecks) > 0:
+		state += fmt.Sprintf(" (%d checks simulated: %s)", len(p.SimulatedChecks), strings.Join(p.SimulatedChecks, "; "))
+	}
+	if !p.Restored.IsZero() {
+		state += ", restored " + p.Restored.Format(time.RFC3339)
+	}
+	return state
 }
 
 func unpinCommand() *cli.Command {
@@ -138,22 +99,19 @@ func unpinCommand() *cli.Command {
 		Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
-				return cli.Exit("usage: gpupin unpin ENGINE:VERSION", exitUsage)
+				return usageError("usage: gpupin unpin ENGINE:VERSION")
 			}
-			rt, err := connect(c, registryPolicy(c))
-			if err != nil {
-				return cli.Exit(err.Error(), exitError)
-			}
-			defer rt.Close()
-			p, err := rt.Unpin(c.Context, c.Args().First())
-			if err != nil {
-				return cli.Exit(err.Error(), exitError)
-			}
-			if jsonOut(c) {
-				return writeJSON(c.App.Writer, p)
-			}
-			fmt.Fprintf(c.App.Writer, "unpinned %s (%s), and removed its local name; run gpupin gc to remove the image\n", p.Key, p.Ref)
-			return nil
+			return inSession(c, needContainerd, func(s *session) error {
+				p, err := s.rt.Unpin(c.Context, c.Args().First())
+				if err != nil {
+					return err
+				}
+				if jsonOut(c) {
+					return writeJSON(c.App.Writer, p)
+				}
+				fmt.Fprintf(c.App.Writer, "unpinned %s (%s), and removed its local name; run gpupin gc to remove the image\n", p.Key, p.Ref)
+				return nil
+			})
 		},
 	}
 }
@@ -171,33 +129,27 @@ func gcCommand() *cli.Command {
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
-				return cli.Exit(fmt.Sprintf("usage: %s (no arguments; got %q)", c.Command.UsageText, c.Args().First()), exitUsage)
+				return usageError("usage: %s (no arguments; got %q)", c.Command.UsageText, c.Args().First())
 			}
-			rt, err := connect(c, registryPolicy(c))
-			if err != nil {
-				return cli.Exit(err.Error(), exitError)
-			}
-			defer rt.Close()
-			swept, err := rt.Sweep(c.Context)
-			if err != nil {
-				return cli.Exit(err.Error(), exitError)
-			}
-			col, err := rt.GC(c.Context, c.Bool("all"))
-			if err != nil {
-				return cli.Exit(err.Error(), exitError)
-			}
-			if jsonOut(c) {
-				return writeJSON(c.App.Writer, map[string]any{"swept": swept, "removed": col.Removed, "released": col.Released, "kept": col.Kept})
-			}
-			fmt.Fprintf(c.App.Writer, "swept %d containers, %d leases, %d candidates left by interrupted runs\n", swept.Containers, swept.Leases, swept.Candidates)
-			for _, r := range col.Removed {
-				fmt.Fprintln(c.App.Writer, "removed", r)
-			}
-			for _, r := range col.Released {
-				fmt.Fprintln(c.App.Writer, "released", r, "(not made by gpupin: its labels are off, the image stays)")
-			}
-			fmt.Fprintf(c.App.Writer, "kept %d images\n", len(col.Kept))
-			return nil
+			return inSession(c, needContainerd, func(s *session) error {
+				col, err := s.rt.GC(c.Context, c.Bool("all"))
+				if err != nil {
+					return err
+				}
+				if jsonOut(c) {
+					return writeJSON(c.App.Writer, col)
+				}
+				w := c.App.Writer
+				fmt.Fprintf(w, "swept %d containers, %d leases, %d candidates left by interrupted runs\n", col.Swept.Containers, col.Swept.Leases, col.Swept.Candidates)
+				for _, r := range col.Removed {
+					fmt.Fprintln(w, "removed", r)
+				}
+				for _, r := range col.Released {
+					fmt.Fprintln(w, "released", r, "(not made by gpupin: its labels are off, the image stays)")
+				}
+				fmt.Fprintf(w, "kept %d images\n", len(col.Kept))
+				return nil
+			})
 		},
 	}
 }

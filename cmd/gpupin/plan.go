@@ -8,7 +8,6 @@ import (
 
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 func init() { register(planCommand) }
@@ -35,57 +34,52 @@ func planCommand() *cli.Command {
 
 func runPlan(c *cli.Context) error {
 	if c.NArg() != 1 {
-		return cli.Exit("usage: gpupin plan REF [--override V] [--node FILE] [--json]", exitUsage)
+		return usageError("usage: gpupin plan REF [--override V] [--node FILE] [--json]")
 	}
-	w := provision.Want{Ref: c.Args().First(), Override: c.String("override")}
+	w, err := want(c, c.Args().First())
+	if err != nil {
+		return err
+	}
+	// The node's pins count as they do for provision; another machine's
+	// facts (--node) have none here. No containerd is no pins, not an
+	// error: plan also answers on a machine that only looks.
+	use := tryContainerd
+	if lineageString(c, "node") != "" {
+		use = noContainerd
+	}
+	return inSession(c, use, func(s *session) error {
+		pl, err := s.provisioner().Plan(c.Context, w)
+		if err != nil {
+			return err
+		}
+		if jsonOut(c) {
+			if err := writeJSON(c.App.Writer, pl); err != nil {
+				return err
+			}
+		} else {
+			writePlan(c.App.Writer, pl)
+		}
+		switch pl.Outcome {
+		case images.OutcomeReady, provision.OutcomePinned:
+			return nil
+		case provision.OutcomeConflict:
+			return cli.Exit("", exitError)
+		}
+		return cli.Exit("", exitNoResult)
+	})
+}
+
+// want is the want of ref that --override says, checked before anything
+// is fetched.
+func want(c *cli.Context, ref string) (provision.Want, error) {
+	w := provision.Want{Ref: ref, Override: c.String("override")}
 	if c.IsSet("override") && w.Override == "" {
 		w.Override = "auto"
 	}
 	if err := provision.ValidateWant(w); err != nil {
-		return cli.Exit(err.Error(), exitUsage)
+		return w, cli.Exit(err.Error(), exitUsage)
 	}
-	nodes, simulated, err := nodeReader(c)
-	if err != nil {
-		return cli.Exit(err.Error(), exitError)
-	}
-	policy := registryPolicy(c)
-	opts := []provision.Option{provision.WithNode(nodes), provision.WithResolver(&images.Resolver{Remote: policy}),
-		provision.WithOverrides(provision.OverrideFile(lineageString(c, "overrides")))}
-	// The node's pins count as they do for provision; another machine's
-	// facts (--node) have none here. No containerd is no pins, not an error:
-	// plan also answers on a machine that only looks.
-	var rt *runtime.Runtime
-	if !simulated {
-		if r, err := connect(c, policy); err == nil {
-			rt = r
-			defer rt.Close()
-		}
-	}
-	var p *provision.Provisioner
-	if rt != nil {
-		p = provision.New(rt, opts...)
-	} else {
-		p = provision.New(nil, opts...)
-	}
-	pl, err := p.Plan(c.Context, w)
-	if err != nil {
-		return cli.Exit(err.Error(), exitError)
-	}
-	out := c.App.Writer
-	if jsonOut(c) {
-		if err := writeJSON(out, pl); err != nil {
-			return cli.Exit(err.Error(), exitError)
-		}
-	} else {
-		writePlan(out, pl)
-	}
-	switch pl.Outcome {
-	case images.OutcomeReady, provision.OutcomePinned:
-		return nil
-	case provision.OutcomeConflict:
-		return cli.Exit("", exitError)
-	}
-	return cli.Exit("", exitNoResult)
+	return w, nil
 }
 
 // writePlan prints a plan for a person: the node, the key and override

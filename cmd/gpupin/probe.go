@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -34,68 +35,52 @@ func probeCommand() *cli.Command {
 
 func runProbe(c *cli.Context) error {
 	if c.NArg() != 1 {
-		return cli.Exit("usage: gpupin probe REF [--probe KIND]", exitUsage)
+		return usageError("usage: gpupin probe REF [--probe KIND]")
 	}
 	ref := c.Args().First()
-	s, err := openSession(c)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	p := s.provisioner()
 	as := provision.ProbeAs{Engine: c.String("engine")}
 	if c.IsSet("probe") {
 		as.Probe = c.String("probe")
 	}
-	// The image as a provision reads it: its engine, its metadata (from the
-	// registry, a pin's source, or its own config), and so its probe.
-	t, err := p.ProbeTarget(c.Context, ref, as)
-	switch {
-	case errors.Is(err, provision.ErrInvalidWant):
-		return cli.Exit(err.Error(), exitUsage)
-	case errors.Is(err, provision.ErrUnsupported):
-		return cli.Exit(err.Error(), exitNoResult)
-	case errors.Is(err, provision.ErrNotPulled):
-		return cli.Exit(fmt.Sprintf("%v (pull it first: gpupin provision, or ctr -n %s images pull)", err, s.rt.Namespace()), exitError)
-	case err != nil:
-		return cli.Exit(err.Error(), exitError)
-	}
-	start := time.Now()
-	verdict, _, err := p.Probe(c.Context, ref, t.Meta, t.Engine, t.Node)
-	took := time.Since(start)
-	if jsonOut(c) {
-		out := map[string]any{"ref": ref, "simulated": t.Node.Simulated, "target": t, "verdict": verdict, "duration_ms": took.Milliseconds()}
+	return inSession(c, needContainerd, func(s *session) error {
+		r, err := s.provisioner().ProbeImage(c.Context, ref, as)
+		if errors.Is(err, provision.ErrNotPulled) {
+			return fmt.Errorf("%w (pull it first: gpupin provision, or ctr -n %s images pull)", err, s.rt.Namespace())
+		}
+		if r == nil {
+			return err
+		}
+		if jsonOut(c) {
+			out := map[string]any{"ref": ref, "simulated": r.Target.Node.Simulated, "target": r.Target, "verdict": r.Verdict, "duration_ms": r.Duration.Milliseconds()}
+			if err != nil {
+				out["error"] = err.Error()
+			}
+			if werr := writeJSON(c.App.Writer, out); werr != nil {
+				return werr
+			}
+		} else {
+			writeProbe(c.App.Writer, r, err)
+		}
 		if err != nil {
-			out["error"] = err.Error()
+			return cli.Exit("", exitError)
 		}
-		writeJSON(c.App.Writer, out)
-	} else {
-		fmt.Fprint(c.App.Writer, simulatedNote(t.Node))
-		fmt.Fprintf(c.App.Writer, "probe of %s in %s\n", ref, took.Round(time.Millisecond))
-		fmt.Fprintf(c.App.Writer, "  probe:  %s (engine %s, named by the %s; metadata from %s)\n", t.Probe, t.Engine, t.NamedBy, t.From)
-		if verdict != nil {
-			for _, d := range verdict.Devices {
-				if verdict.Simulated {
-					fmt.Fprintf(c.App.Writer, "  gpu %d: %s (cc %s), simulated\n", d.Index, d.Name, d.CC)
-					continue
-				}
-				fmt.Fprintf(c.App.Writer, "  gpu %d: %s (cc %s) %.1f TFLOP/s, max abs err %.3g\n", d.Index, d.Name, d.CC, d.TFLOPS, d.MaxAbsErr)
-			}
-			for _, check := range verdict.SimulatedChecks {
-				fmt.Fprintf(c.App.Writer, "  simulated: %s\n", check)
-			}
-		}
-		switch {
-		case err != nil:
-			fmt.Fprintln(c.App.Writer, err)
-		case verdict != nil && verdict.Simulated:
-			fmt.Fprintf(c.App.Writer, "PASSED (SIMULATED: %d checks simulated, the rest checked for real)\n", len(verdict.SimulatedChecks))
-		default:
-			fmt.Fprintln(c.App.Writer, "PASSED")
-		}
+		return nil
+	})
+}
+
+// writeProbe prints a probe's report for a person.
+func writeProbe(w io.Writer, r *provision.ProbeReport, err error) {
+	t := r.Target
+	fmt.Fprint(w, simulatedNote(t.Node))
+	fmt.Fprintf(w, "probe of %s in %s\n", r.Image, r.Duration.Round(time.Millisecond))
+	fmt.Fprintf(w, "  probe:  %s (engine %s, named by the %s; metadata from %s)\n", t.Probe, t.Engine, t.NamedBy, t.From)
+	writeVerdict(w, " ", r.Verdict)
+	switch {
+	case err != nil:
+		fmt.Fprintln(w, err)
+	case r.Verdict.Simulated:
+		fmt.Fprintf(w, "PASSED (SIMULATED: %d checks simulated, the rest checked for real)\n", len(r.Verdict.SimulatedChecks))
+	default:
+		fmt.Fprintln(w, "PASSED")
 	}
-	if err != nil {
-		return cli.Exit("", exitError)
-	}
-	return nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
 )
 
@@ -34,46 +35,39 @@ func provisionCommand() *cli.Command {
 
 func runProvision(c *cli.Context) error {
 	if c.NArg() == 0 {
-		return cli.Exit("usage: gpupin provision REF... [--override V]", exitUsage)
-	}
-	override := c.String("override")
-	if c.IsSet("override") && override == "" {
-		override = "auto"
+		return usageError("usage: gpupin provision REF... [--override V]")
 	}
 	wants := make([]provision.Want, c.NArg())
 	for i, r := range c.Args().Slice() {
-		wants[i] = provision.Want{Ref: r, Override: override}
-		if err := provision.ValidateWant(wants[i]); err != nil {
-			return cli.Exit(err.Error(), exitUsage)
+		var err error
+		if wants[i], err = want(c, r); err != nil {
+			return err
 		}
 	}
-	s, err := openSession(c)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	var extra []provision.Option
-	if !jsonOut(c) {
-		extra = append(extra, provision.WithProgress(newProgressPrinter(os.Stderr).report), provision.WithOnState(func(st provision.Status) {
-			if st.State == provision.Probing {
-				fmt.Fprintf(os.Stderr, "%s: %s\n", st.Key, st.Detail)
+	return inSession(c, needContainerd, func(s *session) error {
+		var show []provision.Option
+		if !jsonOut(c) {
+			show = append(show, provision.WithProgress(newProgressPrinter(os.Stderr).report), provision.WithOnState(func(st provision.Status) {
+				if st.State == provision.Probing {
+					fmt.Fprintf(os.Stderr, "%s: %s\n", st.Key, st.Detail)
+				}
+			}))
+		}
+		sts := s.provisioner(show...).Converge(c.Context, wants)
+		if jsonOut(c) {
+			if err := writeJSON(c.App.Writer, sts); err != nil {
+				return err
 			}
-		}))
-	}
-	sts := s.provisioner(extra...).Converge(c.Context, wants)
-	if jsonOut(c) {
-		if err := writeJSON(c.App.Writer, sts); err != nil {
-			return cli.Exit(err.Error(), exitError)
+		} else {
+			if s.simulated {
+				fmt.Fprint(c.App.Writer, "SIMULATED node facts (from --node): probes were simulated; nothing here was proved on a GPU\n")
+			}
+			for _, st := range sts {
+				writeStatus(c.App.Writer, st)
+			}
 		}
-	} else {
-		if s.simulated {
-			fmt.Fprint(c.App.Writer, "SIMULATED node facts (from --node): probes were simulated; nothing here was proved on a GPU\n")
-		}
-		for _, st := range sts {
-			writeStatus(c.App.Writer, st)
-		}
-	}
-	return exitFor(sts)
+		return exitFor(sts)
+	})
 }
 
 func exitFor(sts []provision.Status) error {
@@ -101,26 +95,29 @@ func writeStatus(w io.Writer, st provision.Status) {
 	}
 	fmt.Fprintf(w, "  detail:   %s\n", st.Detail)
 	for _, a := range st.Attempts {
-		fmt.Fprintf(w, "  tried:    %s at %s: %s\n", a.Variant, a.Stage, firstLine(a.Reason))
+		fmt.Fprintf(w, "  tried:    %s\n", a)
 	}
 	for _, r := range st.Rejected {
 		fmt.Fprintf(w, "  rejected: %s: %s\n", r.Variant, r.Reason)
 	}
-	if st.Verdict != nil {
-		for _, d := range st.Verdict.Devices {
-			if st.Verdict.Simulated {
-				fmt.Fprintf(w, "  gpu %d:    %s (cc %s), simulated\n", d.Index, d.Name, d.CC)
-				continue
-			}
-			fmt.Fprintf(w, "  gpu %d:    %s (cc %s) %.1f TFLOP/s, max abs err %.3g\n", d.Index, d.Name, d.CC, d.TFLOPS, d.MaxAbsErr)
-		}
-		for _, check := range st.Verdict.SimulatedChecks {
-			fmt.Fprintf(w, "  simulated: %s\n", check)
-		}
-	}
+	writeVerdict(w, "    ", st.Verdict)
 }
 
-func firstLine(s string) string {
-	line, _, _ := strings.Cut(s, "\n")
-	return line
+// writeVerdict prints each device a verdict reports (pad aligns it with
+// the lines above), and the checks it simulated.
+func writeVerdict(w io.Writer, pad string, v *probe.Verdict) {
+	if v == nil {
+		return
+	}
+	for _, d := range v.Devices {
+		fmt.Fprintf(w, "  gpu %d:%s", d.Index, pad)
+		if v.Simulated {
+			fmt.Fprintf(w, "%s (cc %s), simulated\n", d.Name, d.CC)
+			continue
+		}
+		fmt.Fprintf(w, "%s (cc %s) %.1f TFLOP/s, max abs err %.3g\n", d.Name, d.CC, d.TFLOPS, d.MaxAbsErr)
+	}
+	for _, check := range v.SimulatedChecks {
+		fmt.Fprintf(w, "  simulated: %s\n", check)
+	}
 }

@@ -64,12 +64,12 @@ func publishCommand() *cli.Command {
 
 func runPublish(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return cli.Exit(fmt.Sprintf("unexpected argument %q (variants are given with --variant NAME=REF)", c.Args().First()), exitUsage)
+		return usageError("unexpected argument %q (variants are given with --variant NAME=REF)", c.Args().First())
 	}
 	// Checked here, not with urfave/cli's Required, whose refusal exits 1:
 	// a usage error exits 2.
 	if c.String("tag") == "" {
-		return cli.Exit("--tag REPO:VERSION is required", exitUsage)
+		return usageError("--tag REPO:VERSION is required")
 	}
 	opts := build.PublishOptions{
 		Tag:                   c.String("tag"),
@@ -82,27 +82,27 @@ func runPublish(c *cli.Context) error {
 	for _, a := range listFlag(c, "archs") {
 		k, v, ok := strings.Cut(a, "=")
 		if !ok || k == "" || v == "" {
-			return cli.Exit(fmt.Sprintf("--archs %q: want NAME=LIST, e.g. cu13=7.5,8.0,9.0+PTX", a), exitUsage)
+			return usageError("--archs %q: want NAME=LIST, e.g. cu13=7.5,8.0,9.0+PTX", a)
 		}
 		archs[k] = v
 	}
 	for _, v := range listFlag(c, "variant") {
 		k, ref, ok := strings.Cut(v, "=")
 		if !ok || k == "" || ref == "" {
-			return cli.Exit(fmt.Sprintf("--variant %q: want NAME=REF, e.g. cu13=registry/org/vllm:0.11.0-cu13-ci", v), exitUsage)
+			return usageError("--variant %q: want NAME=REF, e.g. cu13=registry/org/vllm:0.11.0-cu13-ci", v)
 		}
 		opts.Variants = append(opts.Variants, build.Variant{Name: k, Ref: ref, Archs: archs[k]})
 		delete(archs, k)
 	}
 	for k := range archs {
-		return cli.Exit(fmt.Sprintf("--archs %s=…: no --variant %s", k, k), exitUsage)
+		return usageError("--archs %s=…: no --variant %s", k, k)
 	}
 	if len(opts.Variants) == 0 {
-		return cli.Exit("give at least one --variant NAME=REF", exitUsage)
+		return usageError("give at least one --variant NAME=REF")
 	}
 	ann, err := parseAnnotations(listFlag(c, "annotation"))
 	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
+		return usageError("%v", err)
 	}
 	opts.Annotations = ann
 	res, err := build.Publish(c.Context, opts)
@@ -114,7 +114,7 @@ func runPublish(c *cli.Context) error {
 	}
 	switch {
 	case jsonOut(c):
-		return printJSON(res)
+		return writeJSON(c.App.Writer, res)
 	case opts.DryRun:
 		return printIndex(c.App.Writer, res.Index)
 	}

@@ -3,13 +3,13 @@ package main
 import (
 	"fmt"
 	"math"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/runtime"
 )
 
@@ -42,71 +42,66 @@ func runRun(c *cli.Context) error {
 	// follows "--" is the replica's, untouched, flags and all.
 	args := c.Args().Slice()
 	if len(args) < 1 || args[0] == "--" {
-		return cli.Exit("usage: gpupin run ENGINE:VERSION|REF -- ARGS", exitUsage)
+		return usageError("usage: gpupin run ENGINE:VERSION|REF -- ARGS")
 	}
 	target, cmdArgs := args[0], args[1:]
 	if len(cmdArgs) > 0 && cmdArgs[0] == "--" {
 		cmdArgs = cmdArgs[1:]
 	}
-	if c.String("net") != "host" && c.String("net") != "none" {
-		return cli.Exit("--net: want host or none", exitUsage)
-	}
-	seccomp, err := runtime.ParseSeccomp(c.String("seccomp"))
+	spec, err := replicaSpec(c)
 	if err != nil {
-		return cli.Exit("--seccomp: "+err.Error(), exitUsage)
+		return err
 	}
-	var memory uint64
+	spec.Args = cmdArgs
+	return inSession(c, needContainerd, func(s *session) error {
+		w := c.App.ErrWriter
+		res, err := s.provisioner().RunPinned(c.Context, target, spec, func(r provision.Replica) {
+			if r.Stale {
+				fmt.Fprintf(w, "warning: %s was proved under another driver or GPU set; gpupin provision re-proves it\n", r.Pin.Key)
+			}
+			if r.Simulated {
+				fmt.Fprintf(w, "SIMULATED: %s was pinned on simulated node facts; no GPU was proved\n", r.Pin.Key)
+			}
+			if spec.Seccomp == runtime.SeccompUnconfined {
+				fmt.Fprintf(w, "warning: --seccomp unconfined: the replica's syscalls are not filtered\n")
+			}
+			fmt.Fprintf(w, "running %s from %s (%s)\n", r.Pin.Key, r.Pin.Ref, r.Pin.Variant)
+		})
+		if err != nil {
+			return err
+		}
+		if res.ExitCode != 0 {
+			return cli.Exit("", res.ExitCode)
+		}
+		return nil
+	})
+}
+
+// replicaSpec is the run the flags ask for: network, syscall filter,
+// limits, environment, name; its output goes to gpupin's own.
+func replicaSpec(c *cli.Context) (runtime.RunSpec, error) {
+	spec := runtime.RunSpec{Env: c.StringSlice("env"), ID: c.String("name"), PidsLimit: c.Int64("pids"),
+		Stdout: c.App.Writer, Stderr: c.App.ErrWriter, OutputLimit: 1}
+	switch c.String("net") {
+	case "host":
+		spec.HostNetwork = true
+	case "none":
+	default:
+		return spec, usageError("--net: want host or none")
+	}
+	var err error
+	if spec.Seccomp, err = runtime.ParseSeccomp(c.String("seccomp")); err != nil {
+		return spec, usageError("--seccomp: %v", err)
+	}
 	if v := c.String("memory"); v != "" {
-		if memory, err = parseBytes(v); err != nil || memory == 0 {
-			return cli.Exit(fmt.Sprintf("--memory %q: want a size such as 512m or 64GiB", v), exitUsage)
+		if spec.MemoryLimit, err = parseBytes(v); err != nil || spec.MemoryLimit == 0 {
+			return spec, usageError("--memory %q: want a size such as 512m or 64GiB", v)
 		}
 	}
-	if c.Int64("pids") < 0 {
-		return cli.Exit("--pids: want 0 (none) or a positive limit", exitUsage)
+	if spec.PidsLimit < 0 {
+		return spec, usageError("--pids: want 0 (none) or a positive limit")
 	}
-	rt, err := connect(c, registryPolicy(c))
-	if err != nil {
-		return cli.Exit(err.Error(), exitError)
-	}
-	defer rt.Close()
-	// The library's lookup: a tampered record is refused, never run.
-	pin, err := rt.PinToRun(c.Context, target)
-	if err != nil {
-		return cli.Exit(err.Error(), exitError)
-	}
-	simulated := lineageString(c, "node") != ""
-	if f, err := choiceNode(c); err == nil && f.Supported() && f.Fingerprint() != pin.Node {
-		fmt.Fprintf(os.Stderr, "warning: %s was proved under another driver or GPU set; gpupin provision re-proves it\n", pin.Key)
-	}
-	gpus, err := gpuSpec(c)
-	if err != nil {
-		return cli.Exit(err.Error(), exitUsage)
-	}
-	if gpus == nil {
-		g := runtime.DefaultGPUs(simulated)
-		gpus = &g
-	}
-	if simulated || pin.Simulated {
-		fmt.Fprintf(os.Stderr, "SIMULATED: %s was pinned on simulated node facts; no GPU was proved\n", pin.Key)
-	}
-	if seccomp == runtime.SeccompUnconfined {
-		fmt.Fprintf(os.Stderr, "warning: --seccomp unconfined: the replica's syscalls are not filtered\n")
-	}
-	fmt.Fprintf(os.Stderr, "running %s from %s (%s)\n", pin.Key, pin.Ref, pin.Variant)
-	res, err := rt.Run(c.Context, runtime.RunSpec{
-		Image: pin.Ref, Args: cmdArgs, Env: c.StringSlice("env"), GPUs: *gpus, Role: "replica",
-		HostNetwork: c.String("net") == "host", ID: c.String("name"),
-		Seccomp: seccomp, MemoryLimit: memory, PidsLimit: c.Int64("pids"),
-		Stdout: c.App.Writer, Stderr: c.App.ErrWriter, OutputLimit: 1,
-		Labels: map[string]string{runtime.LabelPin: pin.Key},
-	})
-	if err != nil {
-		return cli.Exit(err.Error(), exitError)
-	}
-	if res.ExitCode != 0 {
-		return cli.Exit("", res.ExitCode)
-	}
-	return nil
+	return spec, nil
 }
 
 // sizeRE is a size: a number, then an optional binary unit.

@@ -3,17 +3,179 @@ package main
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/registry"
 	"github.com/gpupin/gpupin/runtime"
 )
 
+// session is what a command works with: node facts, containerd, and the
+// provisioner options its flags say. It is the one place flags become
+// library options.
+type session struct {
+	rt *runtime.Runtime // nil when containerd is not used or not reached
+	// rtErr says why containerd was not reached, where it was optional.
+	rtErr     error
+	nodes     node.Reader
+	simulated bool // node facts from --node
+	opts      []provision.Option
+}
+
+// containerdUse is how a command needs containerd.
+type containerdUse int
+
+const (
+	needContainerd containerdUse = iota // the command fails without it
+	tryContainerd                       // used when it answers
+	noContainerd
+)
+
+// inSession opens a session, runs fn in it, closes it, and turns fn's
+// error into an exit code (exitCode).
+func inSession(c *cli.Context, use containerdUse, fn func(*session) error) error {
+	s, err := openSession(c, use)
+	if err != nil {
+		return exitCode(err)
+	}
+	defer s.close()
+	return exitCode(fn(s))
+}
+
+// exitCode is err as the exit codes scripts rely on: 2 for a usage error
+// (an invalid want), 3 for no result (an unsupported node, a disabled
+// engine, no candidate), 1 otherwise. An exit already decided stays.
+func exitCode(err error) error {
+	var ec cli.ExitCoder
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ec):
+		return err
+	case errors.Is(err, provision.ErrInvalidWant):
+		return cli.Exit(err.Error(), exitUsage)
+	case errors.Is(err, provision.ErrUnsupported), errors.Is(err, provision.ErrDisabled), errors.Is(err, provision.ErrNoCandidate):
+		return cli.Exit(err.Error(), exitNoResult)
+	}
+	return cli.Exit(err.Error(), exitError)
+}
+
+// usageError is a flag's value refused.
+func usageError(format string, args ...any) error {
+	return cli.Exit(fmt.Sprintf(format, args...), exitUsage)
+}
+
+func (s *session) close() {
+	if s.rt != nil {
+		s.rt.Close()
+	}
+}
+
+// provisioner is a Provisioner over the session's containerd, or over
+// none (Plan then reads no pins): New(nil), since a nil *runtime.Runtime
+// would be a Runtime that is not nil.
+func (s *session) provisioner(extra ...provision.Option) *provision.Provisioner {
+	opts := append(append([]provision.Option(nil), s.opts...), extra...)
+	if s.rt == nil {
+		return provision.New(nil, opts...)
+	}
+	return provision.New(s.rt, opts...)
+}
+
+// openSession reads the node, registry, provisioning and GPU flags a
+// command defines (those it lacks keep the library's defaults) and
+// connects to containerd as use says.
+func openSession(c *cli.Context, use containerdUse) (*session, error) {
+	s := &session{}
+	var err error
+	if s.nodes, s.simulated, err = nodeReader(c); err != nil {
+		return nil, err
+	}
+	policy := registryPolicy(c)
+	s.opts = []provision.Option{
+		provision.WithNode(s.nodes),
+		provision.WithResolver(&images.Resolver{Remote: policy}),
+		provision.WithOverrides(provision.OverrideFile(lineageString(c, "overrides"))),
+	}
+	flagged, err := provisionOptions(c)
+	if err != nil {
+		return nil, err
+	}
+	s.opts = append(s.opts, flagged...)
+	if use == noContainerd {
+		return s, nil
+	}
+	if s.rt, s.rtErr = connect(c, policy); s.rtErr != nil && use == needContainerd {
+		return nil, s.rtErr
+	}
+	return s, nil
+}
+
+// provisionOptions are the options of the provisioning, probe and GPU
+// flags the command defines, checked.
+func provisionOptions(c *cli.Context) ([]provision.Option, error) {
+	var opts []provision.Option
+	gpus, err := gpuSpec(c)
+	if err != nil {
+		return nil, usageError("%v", err)
+	}
+	if gpus != nil {
+		opts = append(opts, provision.WithGPUs(*gpus))
+	}
+	for _, f := range []struct {
+		name string
+		set  func(string) provision.Option
+	}{
+		{"lock-dir", provision.WithLockDir},
+		{"probe", provision.WithDefaultProbe},
+		{"probe-dir", provision.WithProbeDir},
+		{"cuda-probe", provision.WithCUDAProbe},
+		{"sim-probe", provision.WithSimProbe},
+	} {
+		if hasFlag(c, f.name) && c.String(f.name) != "" {
+			opts = append(opts, f.set(c.String(f.name)))
+		}
+	}
+	for _, f := range []struct {
+		name string
+		set  func(time.Duration) provision.Option
+	}{
+		{"provision-timeout", provision.WithTimeout},
+		{"probe-timeout", provision.WithProbeTimeout},
+	} {
+		if !hasFlag(c, f.name) {
+			continue
+		}
+		// Zero would end every provision (or probe) at once, or never.
+		if d := c.Duration(f.name); d <= 0 {
+			return nil, usageError("--%s %s: want a positive duration such as 30m", f.name, d)
+		}
+		opts = append(opts, f.set(c.Duration(f.name)))
+	}
+	if hasFlag(c, "probe-memory") || hasFlag(c, "probe-pids") {
+		mem, err := parseBytes(c.String("probe-memory"))
+		if err == nil && mem == 0 {
+			// The library reads 0 as "keep the default": refused here
+			// rather than silently kept at 16 GiB.
+			err = errors.New("the probe always has a memory limit (swap included); give a size such as 32g")
+		}
+		if err != nil {
+			return nil, usageError("--probe-memory %s: %v", c.String("probe-memory"), err)
+		}
+		if c.Int64("probe-pids") <= 0 {
+			return nil, usageError("--probe-pids %d: the probe always has a pids limit; give a positive one", c.Int64("probe-pids"))
+		}
+		opts = append(opts, provision.WithProbeLimits(mem, c.Int64("probe-pids")))
+	}
+	return opts, nil
+}
+
 // registryPolicy is the one way this process reaches registries, for
-// resolving and pulling alike.
+// resolving, pulling and publishing alike.
 func registryPolicy(c *cli.Context) *registry.Policy {
 	return registry.New(registry.Config{
 		HostsDir:      lineageString(c, "hosts-dir"),
@@ -35,7 +197,7 @@ func nodeReader(c *cli.Context) (node.Reader, bool, error) {
 	return node.NewReader(), false, nil
 }
 
-// connect opens containerd as the global flags say.
+// connect opens containerd as the global and runtime flags say.
 func connect(c *cli.Context, policy *registry.Policy) (*runtime.Runtime, error) {
 	opts := []runtime.Opt{
 		runtime.WithNamespace(lineageString(c, "namespace")),
@@ -56,89 +218,14 @@ func connect(c *cli.Context, policy *registry.Policy) (*runtime.Runtime, error) 
 	return rt, nil
 }
 
-// session is what a command that provisions or probes works with.
-type session struct {
-	rt        *runtime.Runtime
-	nodes     node.Reader
-	simulated bool
-	opts      []provision.Option
-}
-
-func (s *session) close() {
-	if s.rt != nil {
-		s.rt.Close()
+// gpuSpec reads --gpu-mode and --gpus; nil when neither is given, so the
+// library's default holds (every GPU through CDI; none on a simulated node).
+func gpuSpec(c *cli.Context) (*runtime.GPUs, error) {
+	if !hasFlag(c, "gpu-mode") || (!c.IsSet("gpu-mode") && !c.IsSet("gpus")) {
+		return nil, nil
 	}
-}
-
-func (s *session) provisioner(extra ...provision.Option) *provision.Provisioner {
-	return provision.New(s.rt, append(append([]provision.Option(nil), s.opts...), extra...)...)
-}
-
-// openSession connects to containerd and reads the provisioning flags a
-// command defines (those it lacks keep the library's defaults). A usage
-// error is returned as such.
-func openSession(c *cli.Context) (*session, error) {
-	nodes, simulated, err := nodeReader(c)
-	if err != nil {
-		return nil, cli.Exit(err.Error(), exitError)
-	}
-	policy := registryPolicy(c)
-	rt, err := connect(c, policy)
-	if err != nil {
-		return nil, cli.Exit(err.Error(), exitError)
-	}
-	s := &session{rt: rt, nodes: nodes, simulated: simulated}
-	s.opts = []provision.Option{
-		provision.WithNode(nodes),
-		provision.WithOverrides(provision.OverrideFile(lineageString(c, "overrides"))),
-	}
-	if gpus, err := gpuSpec(c); err != nil {
-		rt.Close()
-		return nil, cli.Exit(err.Error(), exitUsage)
-	} else if gpus != nil {
-		s.opts = append(s.opts, provision.WithGPUs(*gpus))
-	}
-	for _, f := range []struct {
-		name string
-		set  func() provision.Option
-	}{
-		{"lock-dir", func() provision.Option { return provision.WithLockDir(c.String("lock-dir")) }},
-		{"provision-timeout", func() provision.Option { return provision.WithTimeout(c.Duration("provision-timeout")) }},
-		{"probe-timeout", func() provision.Option { return provision.WithProbeTimeout(c.Duration("probe-timeout")) }},
-		{"probe", func() provision.Option { return provision.WithDefaultProbe(c.String("probe")) }},
-		{"probe-dir", func() provision.Option { return provision.WithProbeDir(c.String("probe-dir")) }},
-		{"cuda-probe", func() provision.Option { return provision.WithCUDAProbe(c.String("cuda-probe")) }},
-		{"sim-probe", func() provision.Option { return provision.WithSimProbe(c.String("sim-probe")) }},
-	} {
-		if hasFlag(c, f.name) && c.String(f.name) != "" {
-			s.opts = append(s.opts, f.set())
-		}
-	}
-	for _, name := range []string{"provision-timeout", "probe-timeout"} {
-		// Zero would end every provision (or probe) at once, or never.
-		if hasFlag(c, name) && c.Duration(name) <= 0 {
-			rt.Close()
-			return nil, cli.Exit(fmt.Sprintf("--%s %s: want a positive duration such as 30m", name, c.Duration(name)), exitUsage)
-		}
-	}
-	if hasFlag(c, "probe-memory") || hasFlag(c, "probe-pids") {
-		mem, err := parseBytes(c.String("probe-memory"))
-		if err == nil && mem == 0 {
-			// The library reads 0 as "keep the default": refused here
-			// rather than silently kept at 16 GiB.
-			err = errors.New("the probe always has a memory limit (swap included); give a size such as 32g")
-		}
-		if err != nil {
-			rt.Close()
-			return nil, cli.Exit(fmt.Sprintf("--probe-memory %s: %v", c.String("probe-memory"), err), exitUsage)
-		}
-		if c.Int64("probe-pids") <= 0 {
-			rt.Close()
-			return nil, cli.Exit(fmt.Sprintf("--probe-pids %d: the probe always has a pids limit; give a positive one", c.Int64("probe-pids")), exitUsage)
-		}
-		s.opts = append(s.opts, provision.WithProbeLimits(mem, c.Int64("probe-pids")))
-	}
-	return s, nil
+	g, err := runtime.ParseGPUs(c.String("gpu-mode"), c.StringSlice("gpus"))
+	return &g, err
 }
 
 // hasFlag reports whether the command defines a flag.

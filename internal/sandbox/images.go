@@ -104,43 +104,16 @@ type ImageSpec struct {
 	Annotations map[string]string
 }
 
-// Image builds a test image.
+// Image builds a test image: BareImage over a static busybox layer, with
+// PATH=/bin before spec.Env.
 func Image(spec ImageSpec) (v1.Image, error) {
 	bb, err := BusyboxLayer()
 	if err != nil {
 		return nil, err
 	}
-	img, err := mutate.AppendLayers(empty.Image, append([]v1.Layer{bb}, spec.Layers...)...)
-	if err != nil {
-		return nil, err
-	}
-	img = mutate.MediaType(img, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", "amd64"
-	if spec.OS != "" {
-		cf.OS = spec.OS
-	}
-	if spec.Arch != "" {
-		cf.Architecture = spec.Arch
-	}
-	cf.Created = v1.Time{Time: time.Unix(0, 0)}
-	cf.Config.Env = append([]string{"PATH=/bin"}, spec.Env...)
-	cf.Config.Labels = spec.Labels
-	cf.Config.Entrypoint = spec.Entrypoint
-	cf.Config.Cmd = spec.Cmd
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		return nil, err
-	}
-	if len(spec.Annotations) > 0 {
-		img = mutate.Annotations(img, spec.Annotations).(v1.Image)
-	}
-	return img, nil
+	spec.Layers = append([]v1.Layer{bb}, spec.Layers...)
+	spec.Env = append([]string{"PATH=/bin"}, spec.Env...)
+	return BareImage(spec)
 }
 
 // IndexEntry is one child of a pushed index.
@@ -164,13 +137,8 @@ func PushIndex(ctx context.Context, ref string, entries []IndexEntry, opts ...re
 		if err := remote.Write(tag.Context().Digest(mustDigest(e.Image).String()), e.Image, opts...); err != nil {
 			return v1.Hash{}, fmt.Errorf("push child: %w", err)
 		}
-		d, err := descriptorOf(e.Image)
-		if err != nil {
-			return v1.Hash{}, err
-		}
-		d.Annotations = e.Annotations
-		d.Platform = e.Platform
-		adds = append(adds, mutate.IndexAddendum{Add: e.Image, Descriptor: d})
+		// mutate fills the rest of the descriptor (partial.Descriptor).
+		adds = append(adds, mutate.IndexAddendum{Add: e.Image, Descriptor: v1.Descriptor{Annotations: e.Annotations, Platform: e.Platform}})
 	}
 	idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index, adds...), types.OCIImageIndex)
 	if err := remote.WriteIndex(tag, idx, opts...); err != nil {
@@ -220,22 +188,6 @@ func PushBlob(ctx context.Context, repo string, data []byte, mt types.MediaType)
 		return v1.Hash{}, err
 	}
 	return l.Digest()
-}
-
-func descriptorOf(img v1.Image) (v1.Descriptor, error) {
-	d, err := img.Digest()
-	if err != nil {
-		return v1.Descriptor{}, err
-	}
-	sz, err := img.Size()
-	if err != nil {
-		return v1.Descriptor{}, err
-	}
-	mt, err := img.MediaType()
-	if err != nil {
-		return v1.Descriptor{}, err
-	}
-	return v1.Descriptor{MediaType: mt, Digest: d, Size: sz}, nil
 }
 
 func mustDigest(img v1.Image) v1.Hash {
