@@ -250,7 +250,7 @@ func TestRunSimulatedExternalUnpinDropsTheNodeLabel(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, agent.NFDFileName)); err != nil {
 			return map[string]string{}
 		}
-		return nfdLabels(t, dir)
+		return nfdLabelsLive(t, dir)
 	}
 	r.waitFor(t, 60*time.Second, "ready", one(provision.Ready, "cu129"))
 	waitUntil(t, 10*time.Second, "the node label", func() bool { return labels()["gpupin.io/demo-1.0"] == "cu129" })
