@@ -54,6 +54,10 @@ type PullOptions struct {
 	// manifest was expected, and the reverse, before fetching anything
 	// below the root. "" checks nothing.
 	MediaType string
+
+	// prefetch fetches and unpacks under the caller's lease and makes no
+	// image record (Prefetch).
+	prefetch bool
 }
 
 // Pull fetches ref (a repo@sha256 reference) and unpacks it into the
@@ -117,15 +121,20 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 	// have made it even when its Pull fails (an unpack after the record).
 	defer cleanup(ctx, func(ctx context.Context) error { return is.Delete(ctx, staging) })
 	sr := &stagingResolver{Resolver: r.resolver(ctx), alias: staging, real: ref, mediaType: opts.MediaType}
-	img, err := r.client.Pull(ctx, staging,
+	strategy, err := r.strategy(ctx)
+	if err != nil {
+		stop(false)
+		return Pulled{}, err
+	}
+	pullOpts := append([]client.RemoteOpt{
 		client.WithResolver(sr),
 		client.WithPlatformMatcher(matcher),
-		client.WithPullUnpack,
 		client.WithPullSnapshotter(r.snapshotter),
 		client.WithPullLabels(labels),
 		client.WithImageHandler(images.HandlerFunc(tracker.observe)),
 		client.WithMaxConcurrentDownloads(4),
-	)
+	}, r.unpackOpts(strategy, r.newUnpacker(strategy, sr, staging, tracker))...)
+	img, err := r.client.Pull(ctx, staging, pullOpts...)
 	stop(err == nil)
 	if err != nil && sr.refused != nil {
 		// Not what the caller was told it is: said plainly, without
@@ -134,7 +143,7 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 	}
 	if err != nil {
 		err = r.registry.Explain(fmt.Errorf("pull %s: %w", ref, err), refHost(ref))
-		if worthKeeping(err) {
+		if worthKeeping(err) && !opts.prefetch {
 			if kerr := r.keepPartial(context.WithoutCancel(ctx), ref); kerr != nil {
 				err = fmt.Errorf("%w (and what it fetched is not kept for the next attempt: %v)", err, kerr)
 			}
@@ -150,6 +159,11 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 		}
 	}
 	t := img.Target()
+	if opts.prefetch {
+		// Content and snapshots stay under the caller's lease; the pull
+		// that follows finds them and makes the record.
+		return Pulled{Name: ref, Digest: t.Digest.String(), Size: t.Size}, nil
+	}
 	created := true
 	if _, err := is.Create(ctx, images.Image{Name: ref, Target: t, Labels: labels}); errdefs.IsAlreadyExists(err) {
 		// Made meanwhile by another provision (perhaps pinned already): it
