@@ -156,7 +156,8 @@ func floorRun(ctx context.Context, tool string, blobs []string, extract bool) (t
 				}
 				script = fmt.Sprintf("%s -dc %q | tar -x -C %q", tool, b, out)
 			}
-			if o, err := exec.CommandContext(ctx, "sh", "-ec", "set -o pipefail 2>/dev/null || true; "+script).CombinedOutput(); err != nil {
+			// bash: dash (Debian's sh) exits on "set -o pipefail", whatever follows it.
+			if o, err := exec.CommandContext(ctx, "bash", "-ec", "set -o pipefail; "+script).CombinedOutput(); err != nil {
 				errs[i] = fmt.Errorf("floor: %s: %w: %s", script, err, o)
 			}
 		}()
