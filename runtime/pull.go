@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"strings"
 	"time"
@@ -97,7 +98,7 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 	}
 	tracker := newTracker(r.client.ContentStore(), ref, opts.Progress)
 	stop := tracker.start(ctx)
-	staging := ref + stagingSuffix + randomHex(8)
+	staging := ref + stagingSuffix + rand.Text()
 	is := r.client.ImageService()
 	// Whatever happens from here, the staging record goes: containerd may
 	// have made it even when its Pull fails (an unpack after the record).

@@ -3,7 +3,6 @@ package runtime
 import (
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -395,7 +394,7 @@ func (u *unpacker) unpackSerial(ctx context.Context, sn snapshots.Snapshotter, c
 func (u *unpacker) prepare(ctx context.Context, sn snapshots.Snapshotter, l *layer, parent digest.Digest) error {
 	var err error
 	for try := 0; try < 3; try++ {
-		l.key = fmt.Sprintf(snapshots.UnpackKeyFormat, uniquePart(), l.chainID)
+		l.key = fmt.Sprintf(snapshots.UnpackKeyFormat, rand.Text(), l.chainID)
 		p := ""
 		if parent != "" {
 			p = parent.String()
@@ -559,12 +558,6 @@ func (u *unpacker) finish(ctx context.Context, config ocispec.Descriptor, layers
 		return fmt.Errorf("label config %s: %w", config.Digest, err)
 	}
 	return nil
-}
-
-func uniquePart() string {
-	var b [3]byte
-	rand.Read(b[:])
-	return fmt.Sprintf("%d-%s", time.Now().Nanosecond(), base64.URLEncoding.EncodeToString(b[:]))
 }
 
 var traceStart = time.Now()
