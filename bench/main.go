@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -51,17 +52,44 @@ type config struct {
 	gpupin, crane, cache, out string
 	runs                      int
 	sizes                     []int64 // bytes per image
+	// containerds are the daemons measured, in order: "" is containerd
+	// from PATH (Debian's 1.6), else a directory as GPUPIN_TEST_CONTAINERD
+	// takes it (containerd 2.4.2 with its shim and ctr).
+	containerds []string
+	// registries serve the real-files image: "inproc" (go-containerregistry,
+	// blobs on disk, counting what it serves) and "distribution" (Debian's
+	// docker-registry, as deployments run it).
+	registries []string
+	sections   map[string]bool
+	// probeTime is how long the failing first candidate's probe takes in
+	// the fallback rows (a torch probe imports torch before it can fail).
+	probeTime time.Duration
 }
 
+var allSections = []string{"random", "real", "levers", "floor", "fallback", "warm", "plan", "probe"}
+
 func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case rusageHelper:
+			os.Exit(runRusageHelper(os.Args[2:]))
+		case provisionHelper:
+			os.Exit(runProvisionHelper(os.Args[2:]))
+		}
+	}
 	var cfg config
-	var sizes string
+	var sizes, ctds, regs, sections string
 	flag.StringVar(&cfg.gpupin, "gpupin", "bin/gpupin", "gpupin binary")
 	flag.StringVar(&cfg.crane, "crane", "crane", "crane binary")
 	flag.StringVar(&cfg.cache, "cache", "/var/tmp/gpupin-bench", "where generated layers are kept between runs (registry blob dir)")
 	flag.StringVar(&cfg.out, "out", "bench/results.md", "write the Markdown table here")
 	flag.IntVar(&cfg.runs, "runs", 3, "runs per cold measurement (medians are reported)")
-	flag.StringVar(&sizes, "sizes", "512,2048", "image sizes in MiB for the cold provision rows; the last is the large one")
+	flag.StringVar(&sizes, "sizes", "512,2048", "image sizes in MiB for the random-bytes cold provision rows")
+	flag.StringVar(&ctds, "containerd", ",/var/tmp/gpupin-tools/containerd-2.4.2", "comma-separated daemons to measure: empty = containerd from PATH, else a containerd 2.x directory (its own shim and ctr); one that is missing is skipped with a note")
+	flag.StringVar(&regs, "registries", "inproc,distribution", "registries serving the real-files image: inproc, distribution (Debian's docker-registry)")
+	flag.StringVar(&sections, "sections", strings.Join(allSections, ","), "what to measure: "+strings.Join(allSections, ", "))
+	flag.DurationVar(&cfg.probeTime, "probe-time", 8*time.Second, "how long the failing first candidate's probe runs in the fallback rows")
+	flag.IntVar(&warmMiB, "warm-mib", 4096, "before each timed run, write and free this much of tmpfs (0: don't); see settle")
 	flag.Parse()
 	for _, s := range strings.Split(sizes, ",") {
 		var mib int64
@@ -71,25 +99,49 @@ func main() {
 		}
 		cfg.sizes = append(cfg.sizes, mib<<20)
 	}
+	cfg.containerds = strings.Split(ctds, ",")
+	cfg.registries = strings.Split(regs, ",")
+	for _, r := range cfg.registries {
+		if r != "inproc" && r != "distribution" {
+			fmt.Fprintf(os.Stderr, "bench: -registries: %q is neither inproc nor distribution\n", r)
+			os.Exit(2)
+		}
+	}
+	cfg.sections = map[string]bool{}
+	for _, s := range strings.Split(sections, ",") {
+		if !slices.Contains(allSections, s) {
+			fmt.Fprintf(os.Stderr, "bench: -sections: %q is not one of %s\n", s, strings.Join(allSections, ", "))
+			os.Exit(2)
+		}
+		cfg.sections[s] = true
+	}
 	if err := run(context.Background(), cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-// env is the shared sandbox every measurement uses.
+// env is the shared sandbox every measurement uses; ctd and cl are the
+// daemon being measured.
 type env struct {
 	cfg      config
 	ctd      *sandbox.Containerd
 	reg      *sandbox.Registry
+	dist     *sandbox.Distribution
 	cl       *client.Client
 	dir      string // scratch: node file, probe dir, overrides path
 	nodeFile string
+	real     *realImages
+	// realResults are the real-files medians so far, for the floor rows.
+	realResults []realResult
 }
 
 type row struct {
 	name, gpupin, ref, ratio, notes string
 }
+
+// section is a heading row: the rows under it belong to one daemon.
+func section(title string) row { return row{name: "**" + title + "**"} }
 
 func run(ctx context.Context, cfg config) error {
 	start := time.Now()
@@ -112,43 +164,56 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("start registry: %w", err)
 	}
 	defer e.reg.Close()
-	e.ctd, err = sandbox.StartContainerd(ctx, sandbox.ContainerdOptions{})
-	if err != nil {
-		return fmt.Errorf("start containerd: %w", err)
+	if cfg.sections["real"] || cfg.sections["levers"] || cfg.sections["fallback"] || cfg.sections["floor"] {
+		if slices.Contains(cfg.registries, "distribution") && cfg.sections["real"] {
+			if e.dist, err = sandbox.StartDistribution(ctx, sandbox.DistributionOptions{}); err != nil {
+				return fmt.Errorf("start docker-registry: %w", err)
+			}
+			defer e.dist.Close()
+		}
+		if e.real, err = e.publishReal(ctx); err != nil {
+			return err
+		}
 	}
-	defer e.ctd.Stop()
-	e.cl, err = client.New(e.ctd.Address)
-	if err != nil {
-		return fmt.Errorf("connect containerd: %w", err)
-	}
-	defer e.cl.Close()
-	logf("sandbox: containerd %s, registry %s, cache %s", e.ctd.Address, e.reg.Host, cfg.cache)
 
 	var rows []row
-	for _, size := range cfg.sizes {
-		r, err := e.cold(ctx, size)
+	var versions []string
+	var notes []string
+	for i, bin := range cfg.containerds {
+		if bin != "" {
+			if _, err := os.Stat(bin); err != nil {
+				notes = append(notes, fmt.Sprintf("containerd %s not measured: %v (scripts/deps.sh builds it)", bin, err))
+				continue
+			}
+		}
+		e.ctd, err = sandbox.StartContainerd(ctx, sandbox.ContainerdOptions{Bin: bin})
+		if err != nil {
+			return fmt.Errorf("start containerd %s: %w", bin, err)
+		}
+		r, err := e.daemonRows(ctx, i == 0)
+		e.ctd.Stop()
+		if err != nil {
+			return fmt.Errorf("containerd %s: %w", e.ctd.Version, err)
+		}
+		versions = append(versions, e.ctd.Version)
+		rows = append(rows, r...)
+	}
+	if cfg.sections["floor"] && e.real != nil {
+		r, err := e.floor(ctx)
 		if err != nil {
 			return err
 		}
 		rows = append(rows, r...)
 	}
-	r, err := e.warm(ctx)
-	if err != nil {
-		return err
-	}
-	rows = append(rows, r...)
-	if r, err = e.plan(ctx); err != nil {
-		return err
-	}
-	rows = append(rows, r...)
-	if r, err = e.probe(ctx); err != nil {
-		return err
-	}
-	rows = append(rows, r...)
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "gpupin `make bench`, %s; %d CPUs; containerd %s, %s; medians of %d runs (cold) unless the row says otherwise; total %s.\n\n",
-		time.Now().UTC().Format("2006-01-02"), nproc(), ctrVersion(), "loopback registry with blobs on disk", cfg.runs, time.Since(start).Round(time.Second))
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Fprintf(&b, "gpupin `make bench`, %s; %d CPUs; containerd %s; loopback registries with blobs on disk; medians of %d runs (cold) unless the row says otherwise; load average at the end %s; total %s.\n\n",
+		time.Now().UTC().Format("2006-01-02"), nproc(), strings.Join(versions, " and "), cfg.runs,
+		strings.Join(strings.Fields(string(load))[:3], " "), time.Since(start).Round(time.Second))
+	for _, n := range notes {
+		fmt.Fprintf(&b, "Note: %s.\n\n", n)
+	}
 	b.WriteString("| measurement | gpupin | reference | gpupin / reference | notes |\n|---|---|---|---|---|\n")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.name, r.gpupin, r.ref, r.ratio, r.notes)
@@ -161,30 +226,77 @@ func run(ctx context.Context, cfg config) error {
 	return nil
 }
 
+// daemonRows measures one daemon: the real-files rows on every registry,
+// the fallback rows, and, for the first daemon, the random-bytes rows and
+// the small measurements.
+func (e *env) daemonRows(ctx context.Context, first bool) ([]row, error) {
+	var err error
+	e.cl, err = client.New(e.ctd.Address)
+	if err != nil {
+		return nil, fmt.Errorf("connect containerd: %w", err)
+	}
+	defer e.cl.Close()
+	logf("sandbox: containerd %s at %s, registry %s, cache %s", e.ctd.Version, e.ctd.Address, e.reg.Host, e.cfg.cache)
+	rows := []row{section("containerd " + e.ctd.Version)}
+	s := e.cfg.sections
+	if s["real"] {
+		for _, reg := range e.cfg.registries {
+			r, err := e.realRows(ctx, reg)
+			if err != nil {
+				return nil, err
+			}
+			rows = append(rows, r...)
+		}
+	}
+	if s["levers"] && e.real != nil {
+		r, err := e.levers(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, r...)
+	}
+	if s["fallback"] {
+		r, err := e.fallback(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, r...)
+	}
+	if !first {
+		return rows, nil
+	}
+	if s["random"] {
+		for _, size := range e.cfg.sizes {
+			r, err := e.cold(ctx, size)
+			if err != nil {
+				return nil, err
+			}
+			rows = append(rows, r...)
+		}
+	}
+	for _, sec := range []struct {
+		name string
+		fn   func(context.Context) ([]row, error)
+	}{{"warm", e.warm}, {"plan", e.plan}, {"probe", e.probe}} {
+		if !s[sec.name] {
+			continue
+		}
+		r, err := sec.fn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, r...)
+	}
+	return rows, nil
+}
+
 // cold measures gpupin provision against ctr pull + ctr run --rm of one
 // image of size bytes, each from an empty namespace with its content gone.
 func (e *env) cold(ctx context.Context, size int64) ([]row, error) {
 	mib := size >> 20
-	layers, err := cachedLayers(e.cfg.cache, size)
+	ref, child, layerBytes, err := e.publishRandom(ctx, size)
 	if err != nil {
 		return nil, err
-	}
-	engine := fmt.Sprintf("cold%dm", mib)
-	if _, err := sandbox.PublishEngine(ctx, e.reg.Host, engine, "1.0", []sandbox.EngineVariant{
-		{Name: "cu13", CUDA: "13.0", Archs: "9.0", Layers: layers},
-	}); err != nil {
-		return nil, fmt.Errorf("publish %s: %w", engine, err)
-	}
-	ref := fmt.Sprintf("%s/%s:1.0", e.reg.Host, engine)
-	set, err := (&gimages.Resolver{}).Resolve(ctx, ref)
-	if err != nil {
-		return nil, err
-	}
-	child := set.Variants[0].Ref
-	var layerBytes int64
-	for _, l := range layers {
-		n, _ := l.Size()
-		layerBytes += n
 	}
 
 	var gTimes, cTimes []time.Duration
@@ -195,6 +307,7 @@ func (e *env) cold(ctx context.Context, size int64) ([]row, error) {
 			return nil, err
 		}
 		e.reg.Reset()
+		settle()
 		res, err := e.gpupin("bench-gpupin", "provision", "--runc-root", e.ctd.RuncRoot, "--probe-dir", filepath.Join(e.dir, "probe"), ref)
 		if err != nil {
 			return nil, err
@@ -213,6 +326,7 @@ func (e *env) cold(ctx context.Context, size int64) ([]row, error) {
 			return nil, err
 		}
 		e.reg.Reset()
+		settle()
 		pull, err := e.ctr("bench-ctr", "images", "pull", "--plain-http", child)
 		if err != nil {
 			return nil, err
@@ -247,6 +361,32 @@ func (e *env) cold(ctx context.Context, size int64) ([]row, error) {
 	}, nil
 }
 
+// publishRandom publishes the random-bytes image of size bytes (layers
+// generated once into the cache) and returns its tag, its child and the
+// bytes of its layers.
+func (e *env) publishRandom(ctx context.Context, size int64) (ref, child string, layerBytes int64, err error) {
+	layers, err := cachedLayers(e.cfg.cache, size)
+	if err != nil {
+		return "", "", 0, err
+	}
+	engine := fmt.Sprintf("cold%dm", size>>20)
+	if _, err := sandbox.PublishEngine(ctx, e.reg.Host, engine, "1.0", []sandbox.EngineVariant{
+		{Name: "cu13", CUDA: "13.0", Archs: "9.0", Layers: layers},
+	}); err != nil {
+		return "", "", 0, fmt.Errorf("publish %s: %w", engine, err)
+	}
+	ref = fmt.Sprintf("%s/%s:1.0", e.reg.Host, engine)
+	set, err := (&gimages.Resolver{}).Resolve(ctx, ref)
+	if err != nil {
+		return "", "", 0, err
+	}
+	for _, l := range layers {
+		n, _ := l.Size()
+		layerBytes += n
+	}
+	return ref, set.Variants[0].Ref, layerBytes, nil
+}
+
 // fetchedAll checks the last command really fetched the image's layers:
 // a cold run that found content left over would measure nothing.
 func (e *env) fetchedAll(layerBytes int64, what string) error {
@@ -259,7 +399,10 @@ func (e *env) fetchedAll(layerBytes int64, what string) error {
 // warm measures a re-provision of what is already pinned on the same node:
 // gpupin answers from the pin; ctr pull of a present image still asks.
 func (e *env) warm(ctx context.Context) ([]row, error) {
-	ref := fmt.Sprintf("%s/cold%dm:1.0", e.reg.Host, e.cfg.sizes[0]>>20)
+	ref, _, _, err := e.publishRandom(ctx, e.cfg.sizes[0])
+	if err != nil {
+		return nil, err
+	}
 	if err := e.clean(ctx, "bench-warm"); err != nil {
 		return nil, err
 	}
@@ -477,36 +620,97 @@ type result struct {
 }
 
 func (e *env) gpupin(ns string, args ...string) (result, error) {
+	return e.gpupinEnv(nil, ns, args...)
+}
+
+// gpupinEnv runs gpupin with env added to its environment (the levers).
+func (e *env) gpupinEnv(env []string, ns string, args ...string) (result, error) {
 	global := []string{"--address", e.ctd.Address, "--overrides", filepath.Join(e.dir, "overrides.yaml")}
 	if ns != "" {
 		global = append(global, "--namespace", ns)
 	}
 	// --node after the command: the command's own flag shadows the global one.
 	all := append(append(global, args[0], "--node", e.nodeFile), args[1:]...)
-	return execTimed(e.cfg.gpupin, all...)
+	return execTimedEnv(env, e.cfg.gpupin, all...)
 }
 
 func (e *env) ctr(ns string, args ...string) (result, error) {
-	return execTimed("ctr", append([]string{"--address", e.ctd.Address, "--namespace", ns}, args...)...)
+	return execTimed(e.ctd.Ctr(), append([]string{"--address", e.ctd.Address, "--namespace", ns}, args...)...)
 }
 
-// execTimed times one command to its end and reads its peak RSS.
+// execTimed times one command to its end and reads its peak RSS. The
+// command runs under a small helper (this binary again, rusageHelper): a
+// child's ru_maxrss starts from its parent's memory at the fork, and this
+// process, which serves the registry, grows to a gigabyte while images
+// are pushed into it; the helper is small, so what it reports is the
+// command's own (and its children's) high-water mark.
 func execTimed(bin string, args ...string) (result, error) {
-	cmd := exec.Command(bin, args...)
+	return execTimedEnv(nil, bin, args...)
+}
+
+func execTimedEnv(env []string, bin string, args ...string) (result, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return result{}, err
+	}
+	ru, err := os.CreateTemp("", "gpupin-bench-rusage-")
+	if err != nil {
+		return result{}, err
+	}
+	ru.Close()
+	defer os.Remove(ru.Name())
+	cmd := exec.Command(self, append([]string{rusageHelper, ru.Name(), bin}, args...)...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	t0 := time.Now()
-	err := cmd.Run()
+	err = cmd.Run()
 	res := result{dur: time.Since(t0), out: out.String()}
-	if cmd.ProcessState != nil {
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			res.rssKiB = ru.Maxrss // KiB on Linux
-		}
+	var rep struct {
+		Nanos  int64 `json:"nanos"`
+		MaxKiB int64 `json:"max_kib"`
+	}
+	if data, rerr := os.ReadFile(ru.Name()); rerr == nil && json.Unmarshal(data, &rep) == nil && rep.Nanos > 0 {
+		res.dur, res.rssKiB = time.Duration(rep.Nanos), rep.MaxKiB
 	}
 	if err != nil {
 		return res, fmt.Errorf("%s %s: %w\n%s", filepath.Base(bin), strings.Join(args, " "), err, tail(res.out))
 	}
 	return res, nil
+}
+
+// rusageHelper is the first argument that makes this binary run a command
+// and write its time and peak RSS to a file: bench -rusage-exec FILE BIN ARGS...
+const rusageHelper = "-rusage-exec"
+
+func runRusageHelper(args []string) int {
+	if len(args) < 2 {
+		fmt.Fprintln(os.Stderr, "bench: -rusage-exec FILE BIN [ARGS...]")
+		return 2
+	}
+	cmd := exec.Command(args[1], args[2:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	t0 := time.Now()
+	err := cmd.Run()
+	d := time.Since(t0)
+	var maxKiB int64
+	if cmd.ProcessState != nil {
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			maxKiB = ru.Maxrss // KiB on Linux; the command's and its children's
+		}
+	}
+	data, _ := json.Marshal(map[string]int64{"nanos": d.Nanoseconds(), "max_kib": maxKiB})
+	os.WriteFile(args[0], data, 0o644)
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	return 0
 }
 
 // cachedLayers returns layersPerImage layers of incompressible bytes making
@@ -673,15 +877,6 @@ func nproc() int {
 		}
 	}
 	return n
-}
-
-func ctrVersion() string {
-	out, err := exec.Command("ctr", "--version").Output()
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(out))
-	return f[len(f)-1]
 }
 
 func tail(s string) string {

@@ -36,6 +36,9 @@ type BuildOptions struct {
 	// Registry is Publish's option of that name: how the bases are read
 	// and the result pushed.
 	Registry *registry.Policy
+	// Compression encodes the layers: gpupin's own as asked, and the
+	// base's re-encoded to match (Publish's option of that name).
+	Compression Compression
 }
 
 // BuiltImage is one variant image for one platform.
@@ -98,6 +101,7 @@ func Build(ctx context.Context, opts BuildOptions) (*BuildResult, error) {
 		Annotations:           opts.Annotations,
 		AllowPartialPlatforms: opts.AllowPartialPlatforms,
 		Registry:              opts.Registry,
+		Compression:           opts.Compression,
 	}
 	popts.Registry = popts.policy()
 	if s.Repository == "" {
@@ -109,7 +113,7 @@ func Build(ctx context.Context, opts BuildOptions) (*BuildResult, error) {
 	for i, vs := range s.Variants {
 		v := Variant{Name: vs.Name, Archs: vs.Archs}
 		for _, ps := range vs.Platforms {
-			img, err := buildImage(s, vs, ps, epoch, ropts)
+			img, err := buildImage(s, vs, ps, epoch, opts.Compression, ropts)
 			if err != nil {
 				return nil, fmt.Errorf("variants[%d] (%s, %s): %w", i, vs.Name, ps, err)
 			}
@@ -121,6 +125,7 @@ func Build(ctx context.Context, opts BuildOptions) (*BuildResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer p.close()
 	d, err := p.index.Digest()
 	if err != nil {
 		return nil, fmt.Errorf("index digest: %w", err)
@@ -188,8 +193,9 @@ func writeLayout(dir string, p *plan) error {
 	}))
 }
 
-// buildImage assembles one variant for one platform.
-func buildImage(s *Spec, vs VariantSpec, platform string, epoch time.Time, ropts []remote.Option) (v1.Image, error) {
+// buildImage assembles one variant for one platform, gpupin's own layers
+// encoded as comp.
+func buildImage(s *Spec, vs VariantSpec, platform string, epoch time.Time, comp Compression, ropts []remote.Option) (v1.Image, error) {
 	plat, err := v1.ParsePlatform(platform)
 	if err != nil {
 		return nil, fmt.Errorf("platform %q: %w", platform, err)
@@ -220,7 +226,12 @@ func buildImage(s *Spec, vs VariantSpec, platform string, epoch time.Time, ropts
 		return nil, fmt.Errorf("base media type: %w", err)
 	}
 	lmt := types.OCILayer
-	if mt == types.DockerManifestSchema2 {
+	switch {
+	case comp == CompressionZstd:
+		// Encoded as zstd from the start; the base's layers are re-encoded
+		// by the plan, which makes a Docker manifest an OCI one.
+		lmt = types.OCILayerZStd
+	case mt == types.DockerManifestSchema2:
 		lmt = types.DockerLayer
 	}
 	var adds []mutate.Addendum

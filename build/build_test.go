@@ -154,7 +154,7 @@ func TestBuildLayerContents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img, err := buildImage(s, s.Variants[0], "linux/arm64", time.Unix(42, 0), nil)
+	img, err := buildImage(s, s.Variants[0], "linux/arm64", time.Unix(42, 0), CompressionKeep, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

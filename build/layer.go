@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -35,7 +36,17 @@ func dirLayer(dir, dest string, epoch time.Time, mt types.MediaType) (v1.Layer, 
 		pr, pw := io.Pipe()
 		go func() { pw.CloseWithError(writeDirTar(pw, dir, dest, epoch)) }()
 		return pr, nil
-	}, tarball.WithMediaType(mt))
+	}, layerOpts(mt)...)
+}
+
+// layerOpts encodes a layer as its media type says: zstd for
+// OCILayerZStd (gpupin build --compression zstd), gzip otherwise.
+func layerOpts(mt types.MediaType) []tarball.LayerOption {
+	opts := []tarball.LayerOption{tarball.WithMediaType(mt)}
+	if mt == types.OCILayerZStd {
+		opts = append(opts, tarball.WithCompression(compression.ZStd))
+	}
+	return opts
 }
 
 type fileEntry struct {
@@ -161,7 +172,7 @@ func tarLayer(file string, epoch time.Time, mt types.MediaType) (v1.Layer, error
 	if err != nil {
 		return nil, fmt.Errorf("tar %s: %w", file, err)
 	}
-	return tarball.LayerFromOpener(open, tarball.WithMediaType(mt))
+	return tarball.LayerFromOpener(open, layerOpts(mt)...)
 }
 
 func normaliseTar(w io.Writer, file string, epoch time.Time) error {

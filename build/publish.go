@@ -66,6 +66,11 @@ type PublishOptions struct {
 	Registry *registry.Policy
 	// Jobs bounds concurrent blob transfers; 0 means go-containerregistry's default.
 	Jobs int
+	// Compression re-encodes every variant's layers (CompressionZstd: once,
+	// here, so that every node decompresses faster); CompressionKeep
+	// publishes them as they are. The configs, and so the diff IDs, do not
+	// change; the children are new manifests.
+	Compression Compression
 }
 
 // Entry is one index entry: one variant on one platform.
@@ -106,6 +111,15 @@ type plan struct {
 	entries  []Entry
 	children []v1.Image
 	warnings []string
+	// spool holds re-encoded layers until they are pushed; close removes them.
+	spool *spool
+}
+
+// close removes what the plan spooled.
+func (p *plan) close() {
+	if p != nil && p.spool != nil {
+		p.spool.close()
+	}
 }
 
 type alias struct {
@@ -125,6 +139,7 @@ func Publish(ctx context.Context, opts PublishOptions) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer p.close()
 	res, err := p.result(opts.DryRun)
 	if err != nil {
 		return nil, err
@@ -202,6 +217,17 @@ func remoteOptions(ctx context.Context, opts PublishOptions) []remote.Option {
 }
 
 func makePlan(ctx context.Context, opts PublishOptions) (*plan, error) {
+	sp := &spool{}
+	p, err := makePlanSpooled(ctx, opts, sp)
+	if err != nil {
+		// Nothing will push what was re-encoded so far.
+		sp.close()
+		return nil, err
+	}
+	return p, nil
+}
+
+func makePlanSpooled(ctx context.Context, opts PublishOptions, sp *spool) (*plan, error) {
 	ref, err := parseRef(opts.Tag)
 	if err != nil {
 		return nil, fmt.Errorf("tag: %w", err)
@@ -211,7 +237,7 @@ func makePlan(ctx context.Context, opts PublishOptions) (*plan, error) {
 	if !ok || !strings.Contains(last, ":") || strings.Contains(opts.Tag, "@") {
 		return nil, fmt.Errorf("tag %q: want REPO:VERSION, e.g. registry.example.com/org/vllm:0.11.0", opts.Tag)
 	}
-	p := &plan{tag: tag, version: tag.TagStr()}
+	p := &plan{tag: tag, version: tag.TagStr(), spool: sp}
 	if len(opts.Variants) == 0 {
 		return nil, fmt.Errorf("no variants: give at least one (a name and an image reference)")
 	}
@@ -256,6 +282,17 @@ func makePlan(ctx context.Context, opts PublishOptions) (*plan, error) {
 	}
 	if err := checkPlatforms(all, opts.AllowPartialPlatforms, &p.warnings); err != nil {
 		return nil, err
+	}
+	if _, err := ParseCompression(string(opts.Compression)); err != nil {
+		return nil, err
+	}
+	for _, vi := range all {
+		for _, si := range vi.images {
+			// Same config, same diff IDs: the metadata read from it holds.
+			if si.img, err = recompress(si.img, opts.Compression, p.spool); err != nil {
+				return nil, fmt.Errorf("variant %s (%s): re-encode as %s: %w", vi.name, si.platform, opts.Compression, err)
+			}
+		}
 	}
 	order := platformOrder(all)
 	// Lowest CUDA first: the first entry for a platform is what a plain

@@ -40,6 +40,7 @@ type config struct {
 	DefaultProbe    string
 	Progress        func(key string, p runtime.Progress)
 	OnState         []func(Status)
+	Prefetch        int64 // WithPrefetch (prefetch.go)
 	Logger          *slog.Logger
 }
 

@@ -206,8 +206,10 @@ func (st Status) planned(pl *Plan) (Status, bool) {
 // Auto and an operator's image fall back to the next; a forced variant
 // does not, nor does a cancelled provision or a key taken meanwhile.
 func (p *Provisioner) tryCandidates(ctx context.Context, st Status, pl *Plan, w Want, pins []runtime.Pin) Status {
-	for _, c := range pl.Candidates {
-		pin, verdict, attempt := p.try(ctx, &st, pl, c, w)
+	pf := p.prefetchFor(ctx, pl, pl.Node.Platform) // WithPrefetch; nil does nothing
+	defer pf.close()
+	for i, c := range pl.Candidates {
+		pin, verdict, attempt := p.try(pf.turn(ctx, i), &st, pl, c, w)
 		if attempt == nil {
 			st.Verdict = verdict
 			msg := fmt.Sprintf("pinned %s (%s), probe passed", pin.Ref, c.Variant)
@@ -312,6 +314,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		}
 		st.State, st.Detail = Probing, "probing "+pulled.Name
 		p.emit(*st)
+		probing(ctx) // WithPrefetch: the next candidate is fetched meanwhile
 		v, out, err := p.Probe(ctx, pulled.Name, c.Meta, st.Engine, facts)
 		if err != nil {
 			fail("probe", err, out)

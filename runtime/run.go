@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -244,12 +243,4 @@ func (spec RunSpec) outputs() (out *tailBuffer, stdout, stderr io.Writer) {
 		stderr = io.MultiWriter(out, spec.Stderr)
 	}
 	return out, stdout, stderr
-}
-
-// randomHex is n random bytes in hex; pull.go's staging names use it
-// (container IDs take crypto/rand.Text).
-func randomHex(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return hex.EncodeToString(b)
 }

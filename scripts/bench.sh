@@ -1,11 +1,15 @@
 #!/bin/sh
-# make bench: gpupin against ctr and crane on one private containerd and one
-# loopback registry (blobs on disk), medians of several runs; prints a
-# Markdown table and writes it to bench/results.md. Needs root, containerd,
-# runc and busybox-static (as `make test`). About 5 minutes on 2 cores; the
-# first run also generates 2.5 GiB of random layers into $GPUPIN_BENCH_CACHE.
+# make bench: gpupin against ctr and crane on private containerds (Debian's
+# 1.6 and, when scripts/deps.sh built it, 2.4.2) and loopback registries
+# (go-containerregistry's, blobs on disk, and Debian's docker-registry),
+# medians of several runs, beside the physical limit measured in the same
+# run; prints a Markdown table and writes it to bench/results.md. Needs
+# root and what `make deps` installs (containerd, runc, busybox-static,
+# docker-registry, igzip, pigz, zstd). About 25 minutes on 2 cores; the
+# first run also generates 2.5 GiB of random layers and 1 GiB of
+# real-file layers (from this machine's /usr) into $GPUPIN_BENCH_CACHE.
 #
-#   scripts/bench.sh [flags for bench/main.go, e.g. -runs 5 -sizes 512,2048]
+#   scripts/bench.sh [flags for bench/main.go, e.g. -runs 5 -sections real,floor]
 set -eu
 cd "$(dirname "$0")/.."
 export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
@@ -23,6 +27,9 @@ fi
 command -v ctr >/dev/null || { echo "bench: ctr not found (apt-get install containerd)" >&2; exit 1; }
 
 [ -x "$BIN/gpupin" ] || "$GO" build -o "$BIN/gpupin" ./cmd/gpupin
+# The fallback rows' second candidate runs the simulated probe.
+[ -x "$BIN/gpupin-sim-probe" ] || CGO_ENABLED=0 "$GO" build -o "$BIN/gpupin-sim-probe" ./cmd/gpupin-sim-probe
 "$GO" build -o "$BIN/gpupin-bench" ./bench
 exec "$BIN/gpupin-bench" -gpupin "$BIN/gpupin" -crane "$crane" \
-	-cache "${GPUPIN_BENCH_CACHE:-/var/tmp/gpupin-bench}" -out bench/results.md "$@"
+	-cache "${GPUPIN_BENCH_CACHE:-/var/tmp/gpupin-bench}" \
+	-containerd ",${GPUPIN_TOOLS:-/var/tmp/gpupin-tools}/containerd-2.4.2" -out bench/results.md "$@"

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -55,12 +56,27 @@ func runDetect(c *cli.Context) error {
 		} else {
 			writeFacts(w, f)
 			writeCRINote(c, w, s)
+			fmt.Fprint(w, decompressNote(runtime.FindDecompressors()))
 		}
 		if !f.Supported() {
 			return cli.Exit("", exitNoResult)
 		}
 		return nil
 	})
+}
+
+// decompressNote says what decompresses gzip layers in pulls here: gpupin
+// extracts layers itself and, as containerd does, runs igzip or unpigz when
+// it finds them (about 4× and 1.5× Go's speed on one core); without either,
+// a gzip image's pull is bound by Go's decoder.
+func decompressNote(d runtime.Decompressors) string {
+	switch filepath.Base(d.Gzip) {
+	case "igzip":
+		return fmt.Sprintf("gzip layers: igzip (%s)\n", d.Gzip)
+	case "unpigz":
+		return fmt.Sprintf("gzip layers: unpigz (%s); igzip decompresses about 2.5× faster (apt-get install isal)\n", d.Gzip)
+	}
+	return "gzip layers: Go's decoder: neither igzip nor unpigz is installed, so pulls of gzip images decompress 1.5–4× slower (apt-get install isal pigz; containerd's daemon uses them too)\n"
 }
 
 // writeFacts prints facts for a person.

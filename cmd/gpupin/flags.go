@@ -57,6 +57,7 @@ func provisionFlags() []cli.Flag {
 		&cli.StringFlag{Name: "probe-dir", Usage: "where probe programs are staged on the host"},
 		&cli.StringFlag{Name: "cuda-probe", Usage: "path of the gpupin-cuda-probe binary"},
 		&cli.StringFlag{Name: "sim-probe", Usage: "path of the gpupin-sim-probe binary (the emulator test fixtures ask for)"},
+		&cli.StringFlag{Name: "prefetch-fallback", Usage: "while a candidate is probed, fetch and unpack the next one if its layers are at most this size (bytes, or k, m, g, t), so a failed probe costs no second pull; off by default: it spends bandwidth and disk that a passing probe never uses"},
 		&cli.StringFlag{Name: "lock-dir", Value: "/run/gpupin/locks", Usage: "per-engine locks shared with the agent and other gpupin processes"},
 	}
 }

@@ -171,6 +171,13 @@ func provisionOptions(c *cli.Context) ([]provision.Option, error) {
 		}
 		opts = append(opts, provision.WithProbeLimits(mem, c.Int64("probe-pids")))
 	}
+	if v := c.String("prefetch-fallback"); hasFlag(c, "prefetch-fallback") && v != "" {
+		n, err := parseBytes(v)
+		if err != nil {
+			return nil, usageError("--prefetch-fallback %s: %v", v, err)
+		}
+		opts = append(opts, provision.WithPrefetch(int64(min(n, 1<<62))))
+	}
 	return opts, nil
 }
 

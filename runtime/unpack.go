@@ -1,0 +1,569 @@
+package runtime
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/remotes"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/labels"
+	"github.com/containerd/errdefs"
+	"github.com/moby/sys/userns"
+	"github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/identity"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/semaphore"
+)
+
+// How a pull unpacks, and why.
+//
+// containerd's own unpacker (client.Pull WithPullUnpack) fetches a layer
+// into the content store and only then has the daemon's diff service read
+// it back, decompress it and write its files; on one large gzip layer the
+// download and the decompression follow each other. gpupin's pipeline
+// (unpacker below) downloads every layer once into the content store, as
+// containerd does, and extracts each layer from the bytes as they arrive,
+// in this process, into the snapshot the daemon prepared: download,
+// decompression and file creation overlap, and no byte is read back. It
+// needs what a node's gpupin has: root, the host's view of containerd's
+// snapshot directories, and the overlayfs snapshotter. Where any is
+// missing (gpupin in a container without the host's /var/lib/containerd,
+// another snapshotter, an encrypted layer) a layer is applied by the
+// daemon's diff service from the content store instead, as containerd
+// would. With containerd ≥ 2.2, whose overlayfs snapshotter can rebase a
+// snapshot onto its parent at commit ("rebase" capability), layers are
+// extracted in parallel and committed in order; on 1.6 one after another.
+//
+// EnvUnpack selects a strategy, for benchmarks and for diagnosing a node:
+//
+//	""                     gpupin's pipeline, parallel where the snapshotter can rebase (the default)
+//	"serial"               gpupin's pipeline, one layer at a time
+//	"daemon"               gpupin's pipeline, every layer applied by the daemon's diff service
+//	"containerd"           containerd's unpacker, one layer at a time
+//	"containerd-parallel"  containerd's unpacker with its parallel unpack where the snapshotter can rebase
+const EnvUnpack = "GPUPIN_UNPACK"
+
+// unpackLayers bounds the layers downloaded and extracted at once.
+const unpackLayers = 4
+
+type unpackStrategy struct {
+	containerd bool // containerd's unpacker
+	parallel   bool // extract layers at once, commit in order (rebase)
+	local      bool // extract in this process where the snapshot allows it
+}
+
+func (s unpackStrategy) String() string {
+	var b strings.Builder
+	if s.containerd {
+		b.WriteString("containerd unpacker")
+	} else {
+		b.WriteString("gpupin pipeline")
+		if s.local {
+			b.WriteString(", streamed extraction")
+		} else {
+			b.WriteString(", daemon apply")
+		}
+	}
+	if s.parallel {
+		b.WriteString(", parallel")
+	}
+	return b.String()
+}
+
+// strategy reads EnvUnpack and what the snapshotter can do.
+func (r *Runtime) strategy(ctx context.Context) (unpackStrategy, error) {
+	mode := os.Getenv(EnvUnpack)
+	switch mode {
+	case "", "serial", "daemon", "containerd", "containerd-parallel":
+	default:
+		return unpackStrategy{}, fmt.Errorf("%s=%q: want serial, daemon, containerd or containerd-parallel (or unset)", EnvUnpack, mode)
+	}
+	caps, err := r.client.GetSnapshotterCapabilities(ctx, r.snapshotter)
+	if err != nil {
+		// Unknown capabilities: nothing is assumed of the snapshotter.
+		caps = nil
+	}
+	rebase := slices.Contains(caps, snapshots.RebaseCap)
+	s := unpackStrategy{
+		containerd: strings.HasPrefix(mode, "containerd"),
+		parallel:   rebase && mode != "serial" && mode != "containerd",
+		// Extraction here writes files as their owners and, on overlayfs,
+		// makes whiteout devices: it needs root outside a user namespace.
+		local: mode != "daemon" && r.snapshotter == "overlayfs" && os.Geteuid() == 0 && !userns.RunningInUserNS(),
+	}
+	return s, nil
+}
+
+// pullOpts are the options that make client.Pull unpack as s says.
+func (r *Runtime) unpackOpts(s unpackStrategy, u *unpacker) []client.RemoteOpt {
+	if s.containerd {
+		opts := []client.RemoteOpt{client.WithPullUnpack}
+		if s.parallel {
+			opts = append(opts, client.WithUnpackOpts([]client.UnpackOpt{client.WithUnpackLimiter(semaphore.NewWeighted(unpackLayers))}))
+		}
+		return opts
+	}
+	return []client.RemoteOpt{client.WithImageHandlerWrapper(u.wrap)}
+}
+
+// unpacker is gpupin's pipeline for one pull: a handler wrapper that takes
+// the layers out of containerd's fetch and, when the config is in, fetches
+// and unpacks them.
+type unpacker struct {
+	r        *Runtime
+	strategy unpackStrategy
+	resolver remotes.Resolver
+	name     string // what the resolver fetches
+	tracker  *tracker
+	pending  atomic.Int64
+}
+
+func (r *Runtime) newUnpacker(s unpackStrategy, res remotes.Resolver, name string, t *tracker) *unpacker {
+	return &unpacker{r: r, strategy: s, resolver: res, name: name, tracker: t}
+}
+
+// wrap takes a manifest's layers out of its children, so that containerd's
+// fetch does not download them, and unpacks them once the config, which
+// holds their diff IDs, has been fetched. The manifest's labels (its
+// content's references to the layers) are set before this sees them.
+func (u *unpacker) wrap(h images.Handler) images.Handler {
+	var mu sync.Mutex
+	queued := map[digest.Digest][]ocispec.Descriptor{}
+	return images.HandlerFunc(func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+		children, err := h.Handle(ctx, desc)
+		if err != nil {
+			return children, err
+		}
+		switch {
+		case images.IsManifestType(desc.MediaType):
+			var layers, rest []ocispec.Descriptor
+			for _, c := range children {
+				if images.IsLayerType(c.MediaType) {
+					layers = append(layers, c)
+				} else {
+					rest = append(rest, c)
+				}
+			}
+			if len(layers) == 0 {
+				return children, nil
+			}
+			mu.Lock()
+			for _, c := range rest {
+				if images.IsConfigType(c.MediaType) {
+					queued[c.Digest] = layers
+				}
+			}
+			mu.Unlock()
+			return rest, nil
+		case images.IsConfigType(desc.MediaType):
+			mu.Lock()
+			layers := queued[desc.Digest]
+			delete(queued, desc.Digest)
+			mu.Unlock()
+			if len(layers) > 0 {
+				if err := u.unpack(ctx, desc, layers); err != nil {
+					return nil, err
+				}
+			}
+		}
+		return children, nil
+	})
+}
+
+// layer is one layer's unpacking.
+type layer struct {
+	i       int
+	desc    ocispec.Descriptor
+	diffID  digest.Digest
+	chainID digest.Digest
+	parent  digest.Digest // "" for the first
+	labels  map[string]string
+
+	key    string // the active snapshot, "" when none (exists, or done)
+	mounts []mount.Mount
+	exists bool // the snapshot was there already
+
+	stream   *stream
+	started  bool          // its download was started
+	fetched  chan struct{} // closed when the download ended
+	fetchErr error
+	ready    chan struct{} // closed when extracted (or failed)
+	err      error
+}
+
+func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs []ocispec.Descriptor) (retErr error) {
+	cs := u.r.client.ContentStore()
+	raw, err := content.ReadBlob(ctx, cs, config)
+	if err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	var cfg struct {
+		RootFS ocispec.RootFS `json:"rootfs"`
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return fmt.Errorf("config %s: %w", config.Digest, err)
+	}
+	if len(cfg.RootFS.DiffIDs) != len(descs) {
+		return fmt.Errorf("config %s names %d diff IDs for %d layers", config.Digest, len(cfg.RootFS.DiffIDs), len(descs))
+	}
+	fetcher, err := u.resolver.Fetcher(ctx, u.name)
+	if err != nil {
+		return fmt.Errorf("fetcher: %w", err)
+	}
+	chain := identity.ChainIDs(slices.Clone(cfg.RootFS.DiffIDs))
+	layers := make([]*layer, len(descs))
+	for i, d := range descs {
+		l := &layer{i: i, desc: d, diffID: cfg.RootFS.DiffIDs[i], chainID: chain[i],
+			fetched: make(chan struct{}), ready: make(chan struct{})}
+		if i > 0 {
+			l.parent = chain[i-1]
+		}
+		// As containerd's unpacker labels them: inherited annotations
+		// (never a uid/gid mapping from an untrusted manifest), the chain.
+		l.labels = snapshots.FilterInheritedLabels(d.Annotations)
+		if l.labels == nil {
+			l.labels = map[string]string{}
+		}
+		delete(l.labels, snapshots.LabelSnapshotUIDMapping)
+		delete(l.labels, snapshots.LabelSnapshotGIDMapping)
+		l.labels[snapshots.LabelSnapshotRef] = l.chainID.String()
+		l.labels[snapshots.LabelSnapshotDiffID] = l.diffID.String()
+		if i > 0 {
+			l.labels["containerd.io/snapshot/parent-chain-id"] = l.parent.String()
+		}
+		layers[i] = l
+		u.tracker.observe(ctx, d)
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	sn := u.r.client.SnapshotService(u.r.snapshotter)
+	var wg sync.WaitGroup
+	defer func() {
+		// On failure nothing half-made stays: extraction snapshots go
+		// (downloads keep what they wrote, for keepPartial).
+		cancel()
+		for _, l := range layers {
+			if l.stream != nil {
+				l.stream.detach() // a download waiting on a reader that is gone goes on
+			}
+		}
+		wg.Wait()
+		for _, l := range layers {
+			if l.key != "" {
+				sn.Remove(context.WithoutCancel(ctx), l.key)
+			}
+		}
+	}()
+
+	// Downloads: every layer whose snapshot is missing, unpackLayers at a
+	// time, in order, each teeing into its stream when it has one.
+	dlSem := semaphore.NewWeighted(unpackLayers)
+	startFetch := func(l *layer) {
+		l.started = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(l.fetched)
+			if err := dlSem.Acquire(ctx, 1); err != nil {
+				l.fetchErr = err
+				if l.stream != nil {
+					l.stream.finish(err)
+				}
+				return
+			}
+			defer dlSem.Release(1)
+			tracef("layer %d fetch start", l.i)
+			l.fetchErr = u.fetch(ctx, cs, fetcher, l.desc, l.stream)
+			tracef("layer %d fetched (%v)", l.i, l.fetchErr)
+			if l.stream != nil {
+				l.stream.finish(l.fetchErr)
+			}
+		}()
+	}
+
+	if u.strategy.parallel {
+		return u.unpackParallel(ctx, &wg, sn, config, layers, startFetch)
+	}
+	return u.unpackSerial(ctx, sn, config, layers, startFetch)
+}
+
+// unpackParallel prepares every layer's snapshot without a parent,
+// extracts them at once, and commits them in order onto their parents.
+func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn snapshots.Snapshotter, config ocispec.Descriptor, layers []*layer, startFetch func(*layer)) error {
+	exSem := semaphore.NewWeighted(unpackLayers)
+	for _, l := range layers {
+		if err := exSem.Acquire(ctx, 1); err != nil {
+			return err
+		}
+		if err := u.prepare(ctx, sn, l, ""); err != nil {
+			exSem.Release(1)
+			return err
+		}
+		if l.exists {
+			exSem.Release(1)
+			close(l.ready)
+			continue
+		}
+		if u.strategy.local {
+			l.stream = newStream(&u.pending, true)
+		}
+		startFetch(l)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(l.ready)
+			defer exSem.Release(1)
+			l.err = u.extract(ctx, l, l.i > 0)
+			tracef("layer %d extracted (%v)", l.i, l.err)
+		}()
+	}
+	for _, l := range layers {
+		select {
+		case <-l.ready:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if l.err != nil {
+			return l.err
+		}
+		if err := u.commit(ctx, sn, l, true); err != nil {
+			return err
+		}
+		tracef("layer %d committed", l.i)
+	}
+	return u.finish(ctx, config, layers)
+}
+
+// unpackSerial extracts each layer onto its committed parent. Downloads
+// run ahead; a layer whose download began before its turn is applied from
+// what its stream still holds, or else from the content store.
+func (u *unpacker) unpackSerial(ctx context.Context, sn snapshots.Snapshotter, config ocispec.Descriptor, layers []*layer, startFetch func(*layer)) error {
+	// Which layers need fetching is known only per layer (a snapshot may
+	// exist); ahead of its turn a layer's snapshot is not prepared, so its
+	// existence is checked by name.
+	for _, l := range layers {
+		if _, err := sn.Stat(ctx, l.chainID.String()); err == nil {
+			continue
+		}
+		if u.strategy.local {
+			l.stream = newStream(&u.pending, l.i == 0)
+		}
+		startFetch(l)
+	}
+	for _, l := range layers {
+		if err := u.prepare(ctx, sn, l, l.parent); err != nil {
+			return err
+		}
+		if l.exists {
+			if l.stream != nil {
+				l.stream.detach()
+			}
+			continue
+		}
+		if !l.started {
+			// Its snapshot was there at the check and is gone now: it
+			// still needs its blob.
+			startFetch(l)
+		}
+		if err := u.extract(ctx, l, false); err != nil {
+			return err
+		}
+		if err := u.commit(ctx, sn, l, false); err != nil {
+			return err
+		}
+	}
+	return u.finish(ctx, config, layers)
+}
+
+// prepare makes l's extraction snapshot on parent, or finds its chain
+// there already (and keeps it, under the pull's lease).
+func (u *unpacker) prepare(ctx context.Context, sn snapshots.Snapshotter, l *layer, parent digest.Digest) error {
+	var err error
+	for try := 0; try < 3; try++ {
+		l.key = fmt.Sprintf(snapshots.UnpackKeyFormat, rand.Text(), l.chainID)
+		p := ""
+		if parent != "" {
+			p = parent.String()
+		}
+		l.mounts, err = sn.Prepare(ctx, l.key, p, snapshots.WithLabels(l.labels))
+		if err == nil {
+			return nil
+		}
+		l.key = ""
+		if !errdefs.IsAlreadyExists(err) {
+			return fmt.Errorf("prepare the snapshot of layer %d (%s): %w", l.i, l.desc.Digest, err)
+		}
+		if _, serr := sn.Stat(ctx, l.chainID.String()); serr == nil {
+			// containerd skips such a layer without a reference to its
+			// snapshot, which a collection may then remove under the pull;
+			// the pull's lease holds it instead.
+			l.exists = true
+			if id, ok := leases.FromContext(ctx); ok {
+				u.r.client.LeasesService().AddResource(ctx, leases.Lease{ID: id},
+					leases.Resource{ID: l.chainID.String(), Type: "snapshots/" + u.r.snapshotter})
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("prepare the snapshot of layer %d (%s): %w", l.i, l.desc.Digest, err)
+}
+
+// fetch downloads desc into the content store, teeing into s (nil: none).
+// It is remotes.Fetch, with the tee: the same ingest reference, so an
+// interrupted download resumes (and is then not streamed).
+func (u *unpacker) fetch(ctx context.Context, cs content.Store, fetcher remotes.Fetcher, desc ocispec.Descriptor, s *stream) error {
+	cw, err := content.OpenWriter(ctx, cs, content.WithRef(remotes.MakeRefKey(ctx, desc)), content.WithDescriptor(desc))
+	if err != nil {
+		if errdefs.IsAlreadyExists(err) {
+			if s != nil {
+				s.detach() // applied from the store
+			}
+			return nil
+		}
+		return fmt.Errorf("layer %s: %w", desc.Digest, err)
+	}
+	defer cw.Close()
+	ws, err := cw.Status()
+	if err != nil {
+		return fmt.Errorf("layer %s: %w", desc.Digest, err)
+	}
+	if desc.Size <= 0 {
+		return fmt.Errorf("layer %s reports a size of %d: %w", desc.Digest, desc.Size, errdefs.ErrInvalidArgument)
+	}
+	if ws.Offset > 0 && s != nil {
+		s.detach() // the stream would miss the first bytes
+	}
+	if ws.Offset == desc.Size {
+		if err := cw.Commit(ctx, desc.Size, desc.Digest); err != nil && !errdefs.IsAlreadyExists(err) {
+			return fmt.Errorf("layer %s: commit: %w", desc.Digest, err)
+		}
+		return nil
+	}
+	rc, err := fetcher.Fetch(ctx, desc)
+	if err != nil {
+		return fmt.Errorf("layer %s: %w", desc.Digest, err)
+	}
+	defer rc.Close()
+	var r io.Reader = rc
+	if s != nil {
+		r = newTee(rc, s)
+	}
+	if err := content.Copy(ctx, cw, r, desc.Size, desc.Digest); err != nil {
+		return fmt.Errorf("layer %s: %w", desc.Digest, err)
+	}
+	return nil
+}
+
+// extract writes l's files into its active snapshot: from its stream where
+// it has one and this process can reach the snapshot, else by the daemon's
+// diff service once the blob is in the content store. parallelChild says
+// the snapshot has no parent yet though the layer has one (rebased at
+// commit): its whiteouts must become overlay whiteouts.
+func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) error {
+	if l.stream != nil {
+		if dir, opts, ok := localTarget(l.mounts, parallelChild); ok && l.stream.attach() {
+			got, err := applyStream(ctx, dir, l.stream, opts)
+			if err == nil || !l.stream.isDetached() {
+				l.stream.detach()
+				// The download's outcome first: a failed download fails
+				// the extraction that read from it, and says why.
+				<-l.fetched
+				if l.fetchErr != nil {
+					return l.fetchErr
+				}
+				if err != nil {
+					return fmt.Errorf("extract layer %d (%s): %w", l.i, l.desc.Digest, err)
+				}
+				if got != l.diffID {
+					return fmt.Errorf("wrong diff ID %s calculated on extraction of %s, the config says %s", got, l.desc.Digest, l.diffID)
+				}
+				return nil
+			}
+			// Dropped midway (the download resumed): what was written goes,
+			// and the daemon applies the layer from the content store.
+			if err := clearDir(dir); err != nil {
+				return fmt.Errorf("extract layer %d (%s): %w", l.i, l.desc.Digest, err)
+			}
+		} else {
+			l.stream.detach()
+		}
+	}
+	select {
+	case <-l.fetched:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if l.fetchErr != nil {
+		return l.fetchErr
+	}
+	mounts := l.mounts
+	if parallelChild {
+		mounts = bindToOverlay(mounts)
+	}
+	d, err := u.r.client.DiffService().Apply(ctx, l.desc, mounts)
+	if err != nil {
+		return fmt.Errorf("apply layer %d (%s %s): %w", l.i, l.desc.MediaType, l.desc.Digest, err)
+	}
+	if d.Digest != l.diffID {
+		return fmt.Errorf("wrong diff ID %s calculated on extraction of %s, the config says %s", d.Digest, l.desc.Digest, l.diffID)
+	}
+	return nil
+}
+
+// commit commits l's snapshot (onto its parent, when it was extracted
+// without one) and records its uncompressed digest, as containerd does.
+func (u *unpacker) commit(ctx context.Context, sn snapshots.Snapshotter, l *layer, rebase bool) error {
+	if l.exists {
+		return nil
+	}
+	opts := []snapshots.Opt{snapshots.WithLabels(l.labels)}
+	if rebase && l.parent != "" {
+		opts = append(opts, snapshots.WithParent(l.parent.String()))
+	}
+	if err := sn.Commit(ctx, l.chainID.String(), l.key, opts...); err != nil {
+		if !errdefs.IsAlreadyExists(err) {
+			return fmt.Errorf("commit the snapshot of layer %d (%s): %w", l.i, l.desc.Digest, err)
+		}
+		// Committed meanwhile by another pull: ours goes.
+		sn.Remove(ctx, l.key)
+	}
+	l.key = ""
+	info := content.Info{Digest: l.desc.Digest, Labels: map[string]string{labels.LabelUncompressed: l.diffID.String()}}
+	if _, err := u.r.client.ContentStore().Update(ctx, info, "labels."+labels.LabelUncompressed); err != nil {
+		return fmt.Errorf("label layer %s: %w", l.desc.Digest, err)
+	}
+	return nil
+}
+
+// finish points the config at the top snapshot, which keeps the chain
+// from the collector while the image is.
+func (u *unpacker) finish(ctx context.Context, config ocispec.Descriptor, layers []*layer) error {
+	key := "containerd.io/gc.ref.snapshot." + u.r.snapshotter
+	info := content.Info{Digest: config.Digest, Labels: map[string]string{key: layers[len(layers)-1].chainID.String()}}
+	if _, err := u.r.client.ContentStore().Update(ctx, info, "labels."+key); err != nil {
+		return fmt.Errorf("label config %s: %w", config.Digest, err)
+	}
+	return nil
+}
+
+var traceStart = time.Now()
+
+func tracef(format string, args ...any) {
+	if os.Getenv("GPUPIN_UNPACK_TRACE") != "" {
+		fmt.Fprintf(os.Stderr, "%6.2fs unpack: "+format+"\n", append([]any{time.Since(traceStart).Seconds()}, args...)...)
+	}
+}

@@ -1,0 +1,271 @@
+package runtime_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/labels"
+	"github.com/containerd/platforms"
+	"github.com/google/go-containerregistry/pkg/compression"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/gpupin/gpupin/build"
+	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
+	"github.com/gpupin/gpupin/runtime"
+)
+
+type entry struct {
+	name, body, link string
+	typ              byte
+	mode             int64
+	uid              int
+}
+
+// tarLayer is a layer of the given entries, compressed as comp.
+func tarLayer(t *testing.T, comp compression.Compression, entries ...entry) v1.Layer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Linkname: e.link, Uid: e.uid, Gid: e.uid, ModTime: time.Unix(0, 0)}
+		if h.Typeflag == 0 {
+			h.Typeflag = tar.TypeReg
+		}
+		if h.Mode == 0 {
+			h.Mode = 0o644
+		}
+		if h.Typeflag == tar.TypeReg {
+			h.Size = int64(len(e.body))
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(tw, e.body)
+	}
+	tw.Close()
+	data := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil },
+		tarball.WithCompression(comp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// whiteoutLayers are three layers that exercise what an extraction must
+// get right: owners and modes, hard and symbolic links, a file deleted by
+// a whiteout, a directory made opaque, a file replaced; and a large file,
+// so the bytes stream through the download while the extraction runs.
+// salt makes the blobs the test's own: content is shared between
+// namespaces, and a blob another test left would not be downloaded.
+func whiteoutLayers(t *testing.T, comp compression.Compression, salt string) []v1.Layer {
+	big := strings.Repeat("0123456789abcdef", 4<<20/16) // 4 MiB
+	return []v1.Layer{
+		tarLayer(t, comp,
+			entry{name: ".salt", body: salt},
+			entry{name: "a/", typ: tar.TypeDir, mode: 0o755},
+			entry{name: "a/keep", body: "kept\n"},
+			entry{name: "a/gone", body: "deleted by layer 2\n"},
+			entry{name: "a/over", body: "replaced by layer 3\n"},
+			entry{name: "a/owned", body: "x", mode: 0o750, uid: 1234},
+			entry{name: "a/hard", typ: tar.TypeLink, link: "a/keep"},
+			entry{name: "a/sym", typ: tar.TypeSymlink, link: "keep", mode: 0o777},
+			entry{name: "a/dir/", typ: tar.TypeDir, mode: 0o755},
+			entry{name: "a/dir/old", body: "hidden by the opaque dir\n"},
+			entry{name: "big", body: big},
+		),
+		tarLayer(t, comp,
+			entry{name: "a/", typ: tar.TypeDir, mode: 0o755},
+			entry{name: "a/.wh.gone"},
+			entry{name: "a/dir/", typ: tar.TypeDir, mode: 0o755},
+			entry{name: "a/dir/.wh..wh..opq"},
+			entry{name: "a/dir/new", body: "new\n"},
+		),
+		tarLayer(t, comp,
+			entry{name: "a/", typ: tar.TypeDir, mode: 0o755},
+			entry{name: "a/over", body: "layer 3\n"},
+		),
+	}
+}
+
+// rootfsScript prints what the layers should have made.
+const rootfsScript = `cd /a; ls; echo --; ls dir; echo --; cat keep over; ls -ln owned | cut -c1-10; ls -ln owned | awk '{print $3":"$4}'; ` +
+	`ls -i keep hard | awk '{print $1}' | uniq | wc -l; ls -l sym | sed 's/.*-> //'; wc -c < /big`
+
+const rootfsWant = "dir\nhard\nkeep\nover\nowned\nsym\n--\nnew\n--\nkept\nlayer 3\n-rwxr-x---\n1234:1234\n1\nkeep\n4194304\n"
+
+// Every way gpupin can unpack (its streamed pipeline, parallel where the
+// daemon's snapshotter can rebase and serial where it cannot, the daemon's
+// diff service, containerd's own unpacker) makes the same root filesystem
+// from gzip and zstd layers, with the diff IDs the config names.
+func TestUnpackStrategiesMakeTheSameRootfs(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	for _, comp := range []compression.Compression{compression.GZip, compression.ZStd} {
+		img, err := sandbox.Image(sandbox.ImageSpec{Layers: whiteoutLayers(t, comp, t.Name()+time.Now().String())})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := sandbox.PushImage(ctx, reg.Host+"/unpack:"+string(comp), img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := reg.Host + "/unpack@" + d.String()
+		for _, mode := range []string{"", "serial", "daemon", "containerd", "containerd-parallel"} {
+			t.Run(string(comp)+"/"+mode, func(t *testing.T) {
+				t.Setenv(runtime.EnvUnpack, mode)
+				rt := testenv.Runtime(t)
+				if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				nsctx := withNS(ctx, rt.Namespace())
+				rec, err := rt.Client().ImageService().Get(nsctx, ref)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cimg := client.NewImageWithPlatform(rt.Client(), rec, platforms.Default())
+				if ok, err := cimg.IsUnpacked(nsctx, "overlayfs"); err != nil || !ok {
+					t.Fatalf("unpacked = %v, %v", ok, err)
+				}
+				// Each layer blob records the diff ID its extraction verified.
+				want, err := img.ConfigFile()
+				if err != nil {
+					t.Fatal(err)
+				}
+				layers, _ := img.Layers()
+				for i, l := range layers {
+					ld, _ := l.Digest()
+					info, err := rt.Client().ContentStore().Info(nsctx, digestOf(ld.String()))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got := info.Labels[labels.LabelUncompressed]; got != want.RootFS.DiffIDs[i].String() {
+						t.Errorf("layer %d: uncompressed label %q, want %s", i, got, want.RootFS.DiffIDs[i])
+					}
+				}
+				res, err := rt.Run(ctx, runtime.RunSpec{Image: ref, Args: []string{"/bin/sh", "-c", rootfsScript}, Role: "probe", Timeout: 30 * time.Second})
+				if err != nil {
+					t.Fatalf("run: %v\n%s", err, res.Output)
+				}
+				if got := string(res.Output); got != rootfsWant {
+					t.Errorf("root filesystem:\n%s\nwant:\n%s", got, rootfsWant)
+				}
+				assertNothingLeft(t, rt)
+			})
+		}
+	}
+}
+
+// A layer whose blob is corrupt (its bytes are not its digest) fails the
+// pull, even though its extraction ran while it downloaded: nothing of it
+// is committed.
+func TestStreamedLayerIsNotCommittedUnverified(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	rt := testenv.Runtime(t)
+	layers := whiteoutLayers(t, compression.GZip, t.Name()+time.Now().String())
+	img, err := sandbox.Image(sandbox.ImageSpec{Layers: layers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := sandbox.PushImage(ctx, reg.Host+"/corrupt:1", img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, _ := layers[0].Digest()
+	// The registry serves the layer with its gzip header's OS byte
+	// changed: as long, and it decompresses to the right diff ID, but these
+	// are not the bytes the manifest names, which only the content store's
+	// digest check can tell.
+	rc, _ := layers[0].Compressed()
+	data, _ := io.ReadAll(rc)
+	data[9] ^= 1
+	reg.SetHook(func(w http.ResponseWriter, r *http.Request) bool {
+		if !strings.HasSuffix(r.URL.Path, "/blobs/"+bad.String()) || r.Method != http.MethodGet {
+			return false
+		}
+		w.Write(data)
+		return true
+	})
+	ref := reg.Host + "/corrupt@" + d.String()
+	_, err = rt.Pull(ctx, ref, runtime.PullOptions{})
+	if err == nil {
+		t.Fatal("a corrupt layer was pulled")
+	}
+	t.Logf("pull: %v", err)
+	nsctx := withNS(ctx, rt.Namespace())
+	var committed []string
+	rt.Client().SnapshotService("overlayfs").Walk(nsctx, func(_ context.Context, info snapshotInfo) error {
+		committed = append(committed, info.Name)
+		return nil
+	})
+	// The image's first layer is busybox (sandbox.Image): its snapshot
+	// may stand; none above it may.
+	cfg, _ := img.ConfigFile()
+	for _, name := range committed {
+		if name != cfg.RootFS.DiffIDs[0].String() {
+			t.Errorf("a snapshot above the corrupt layer exists: %s", name)
+		}
+	}
+	assertNothingLeft(t, rt)
+}
+
+// A variant re-encoded as zstd by gpupin publish pulls and unpacks to the
+// same diff IDs, so the same snapshots, as the gzip image it came from.
+func TestZstdPublishedVariantUnpacksToTheSameDiffIDs(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	img, err := sandbox.Image(sandbox.ImageSpec{Env: []string{"CUDA_VERSION=13.0.1"}, Layers: whiteoutLayers(t, compression.GZip, t.Name()+time.Now().String())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sandbox.PushImage(ctx, reg.Host+"/src:cu13", img); err != nil {
+		t.Fatal(err)
+	}
+	res, err := build.Publish(ctx, build.PublishOptions{Tag: reg.Host + "/eng:1.0", Engine: "eng",
+		Variants: []build.Variant{{Name: "cu13", Ref: reg.Host + "/src:cu13", Archs: "9.0"}}, Compression: build.CompressionZstd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gz, _ := img.Digest()
+	var top []string
+	for _, ref := range []string{reg.Host + "/src@" + gz.String(), reg.Host + "/eng@" + res.Entries[0].Digest} {
+		t.Run(ref[strings.LastIndex(ref, "/")+1:][:3], func(t *testing.T) {
+			rt := testenv.Runtime(t)
+			if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			nsctx := withNS(ctx, rt.Namespace())
+			rec, err := rt.Client().ImageService().Get(nsctx, ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cimg := client.NewImageWithPlatform(rt.Client(), rec, platforms.Default())
+			ids, err := cimg.RootFS(nsctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := cimg.IsUnpacked(nsctx, "overlayfs"); err != nil || !ok {
+				t.Fatalf("unpacked = %v, %v", ok, err)
+			}
+			top = append(top, fmt.Sprint(ids))
+			out, err := rt.Run(ctx, runtime.RunSpec{Image: ref, Args: []string{"/bin/sh", "-c", rootfsScript}, Role: "probe", Timeout: 30 * time.Second})
+			if err != nil || string(out.Output) != rootfsWant {
+				t.Errorf("root filesystem (%v):\n%s\nwant:\n%s", err, out.Output, rootfsWant)
+			}
+		})
+	}
+	if len(top) == 2 && top[0] != top[1] {
+		t.Errorf("diff IDs: gzip %s, zstd %s", top[0], top[1])
+	}
+}
