@@ -110,6 +110,7 @@ type Agent struct {
 
 	features *FeatureFile // nil: no NFD feature file
 	goneMu   sync.Mutex
+	syncMu   sync.Mutex // SyncFeatures
 	// gone holds ready statuses (by key, the status's At) whose pin
 	// CheckPins found gone: their NFD lines are left out until the loop
 	// reports the engine anew.
@@ -158,6 +159,11 @@ func (a *Agent) SyncFeatures() {
 	if a.features == nil {
 		return
 	}
+	// One writer at a time, each from the statuses as they are when it
+	// writes: a write from an older view landing last would put back a
+	// label CheckPins just took away.
+	a.syncMu.Lock()
+	defer a.syncMu.Unlock()
 	wrote, err := a.features.Sync(a.live(a.loop.Status()))
 	switch {
 	case err != nil:

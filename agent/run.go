@@ -132,6 +132,7 @@ func Run(ctx context.Context, cfg RunConfig) error {
 	// Every listener first: a half-served agent (an API whose metrics
 	// address is taken) would outlive the error Run returns.
 	var servers []*http.Server
+	var handlers inFlight
 	var lns []net.Listener
 	closeAll := func() {
 		for _, ln := range lns {
@@ -144,7 +145,7 @@ func Run(ctx context.Context, cfg RunConfig) error {
 			return err
 		}
 		lns = append(lns, ln)
-		servers = append(servers, &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second})
+		servers = append(servers, &http.Server{Handler: handlers.wrap(a.Handler()), ReadHeaderTimeout: 10 * time.Second})
 	}
 	if cfg.MetricsAddress != "" {
 		mln, err := net.Listen("tcp", cfg.MetricsAddress)
@@ -182,11 +183,41 @@ func Run(ctx context.Context, cfg RunConfig) error {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	for _, s := range servers {
-		s.Shutdown(sctx)
+		if s.Shutdown(sctx) != nil {
+			s.Close()
+		}
 	}
+	// A request still at work (a pins read waiting on a pin lock) ends
+	// before Run does: the caller closes the runtime it uses next.
+	handlers.close()
 	bg.Wait()
 	log.Info("agent stopped")
 	return nil
+}
+
+// inFlight lets requests run until it is closed, and close waits for
+// those running; a request that comes later gets 503.
+type inFlight struct {
+	mu     sync.RWMutex
+	closed bool
+}
+
+func (f *inFlight) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.RLock()
+		defer f.mu.RUnlock()
+		if f.closed {
+			http.Error(w, "gpupin agent: stopping", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (f *inFlight) close() {
+	f.mu.Lock()
+	f.closed = true
+	f.mu.Unlock()
 }
 
 func serve(log *slog.Logger, s *http.Server, ln net.Listener) {

@@ -81,10 +81,12 @@ func New(rt Runtime, opts ...Option) *Provisioner {
 }
 
 // Provision brings one want to a pinned, proved image, or says why not.
-// Two calls for the same want at once share one piece of work.
+// Two calls for the same want at once share one piece of work. The same
+// key from another reference is another want: it waits for the key's lock
+// and then gets its own answer (a conflict, or the pin it finds).
 func (p *Provisioner) Provision(ctx context.Context, w Want) Status {
 	for {
-		v, _, shared := p.flight.Do(w.Key()+"\x00"+w.Override, func() (any, error) {
+		v, _, shared := p.flight.Do(w.Key()+"\x00"+w.Ref+"\x00"+w.Override, func() (any, error) {
 			st := p.provision(ctx, w)
 			st.Cancelled = ctx.Err() != nil
 			return st, nil

@@ -8,10 +8,24 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/archive"
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
+
+// streamable says whether this process extracts a layer of media type mt
+// itself: a tar, plain, gzip or zstd. Anything else (an encrypted layer, a
+// foreign type) is the daemon's, which knows its stream processors.
+func streamable(mt string) bool {
+	switch mt {
+	case ocispec.MediaTypeImageLayer, ocispec.MediaTypeImageLayerGzip, ocispec.MediaTypeImageLayerZstd,
+		images.MediaTypeDockerSchema2Layer, images.MediaTypeDockerSchema2LayerGzip:
+		return true
+	}
+	return false
+}
 
 // localTarget says where this process can write a snapshot's files: a
 // single overlay mount's upperdir, or a bind mount's source, when the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -21,7 +22,7 @@ func partialLeaseID(ref string) string {
 // network failed) from one that will not: content that lies about its
 // digest or size, or a full disk, whose partial data only takes space.
 func worthKeeping(err error) bool {
-	if errdefs.IsFailedPrecondition(err) || errdefs.IsInvalidArgument(err) || errdefs.IsNotFound(err) {
+	if errdefs.IsFailedPrecondition(err) || errdefs.IsInvalidArgument(err) || errdefs.IsNotFound(err) || errors.Is(err, errWrongDiffID) {
 		return false
 	}
 	if strings.Contains(err.Error(), "media-type: expected") {

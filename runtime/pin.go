@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 )
 
 // Pin labels: the contract other programs read (docs/architecture.md).
@@ -135,10 +136,11 @@ func newer(a, b Pin) bool {
 // It runs Recover first: a pin another client of containerd relabelled or
 // deleted is put back while its content remains, so whoever reads pins
 // (the provisioner first of all) answers from it without the registry.
+// A repair that fails (one key's lock wait cut short, its content gone)
+// does not fail the reading: the pins are listed as containerd holds them,
+// and the next Recover (the agent's pass, the next Pins) tries again.
 func (r *Runtime) Pins(ctx context.Context) ([]Pin, error) {
-	if _, err := r.Recover(ctx); err != nil {
-		return nil, err
-	}
+	r.Recover(ctx)
 	return r.ListPins(ctx)
 }
 
@@ -223,14 +225,20 @@ func (r *Runtime) GetPin(ctx context.Context, key string) (*Pin, error) {
 		bad = &p
 	}
 	if bad != nil {
-		return nil, fmt.Errorf("%w: %s is labelled the pin of %s but points at %s, not the image its name says; it was changed outside gpupin: gpupin gc removes it, then provision again",
-			ErrTampered, bad.Ref, key, bad.Digest)
+		return nil, fmt.Errorf("pin of %s: %w", key, tamperedError(bad.Ref, digest.Digest(bad.Digest)))
 	}
 	return nil, nil
 }
 
 // ErrTampered marks a record whose target is not the digest its name says.
 var ErrTampered = errors.New("tampered pin record")
+
+// tamperedError says that the record name points at target instead of the
+// image its name says; every refusal of such a record says it alike.
+func tamperedError(name string, target digest.Digest) error {
+	return fmt.Errorf("%w: %s points at %s, not the image its name says; it was changed outside gpupin and is never used: gpupin unpin or gpupin gc removes it, then provision again",
+		ErrTampered, name, target)
+}
 
 // ErrNoPin marks a target that no pin answers to.
 var ErrNoPin = errors.New("no pin")
@@ -274,8 +282,7 @@ func FindPin(pins []Pin, target string) (*Pin, error) {
 			}
 		}
 		if bad != nil {
-			return nil, fmt.Errorf("%w: %s is labelled the pin of %s but points at %s, not the image its name says; it was changed outside gpupin and is never run: "+
-				"gpupin unpin %s or gpupin gc removes it, then provision again", ErrTampered, bad.Ref, bad.Key, bad.Digest, bad.Key)
+			return nil, fmt.Errorf("pin of %s: %w", bad.Key, tamperedError(bad.Ref, digest.Digest(bad.Digest)))
 		}
 	}
 	var keys []string
@@ -353,7 +360,7 @@ func (r *Runtime) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
 		return fmt.Errorf("pin %s: image record %s: %w", p.Key, p.Ref, err)
 	}
 	if tampered(img) {
-		return fmt.Errorf("pin %s: %w: %s points at %s", p.Key, ErrTampered, p.Ref, img.Target.Digest)
+		return fmt.Errorf("pin %s: %w", p.Key, tamperedError(p.Ref, img.Target.Digest))
 	}
 	if p.Digest != "" && img.Target.Digest.String() != p.Digest {
 		return fmt.Errorf("pin %s: %s points at %s, but %s was probed", p.Key, p.Ref, img.Target.Digest, p.Digest)

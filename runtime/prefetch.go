@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/plugins"
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
 
@@ -87,12 +89,24 @@ func (r *Runtime) layerBytes(ctx context.Context, ref, mediaType string) (int64,
 		return 0, err
 	}
 	defer rc.Close()
+	// The sizes decide whether the disk has room: they count only from
+	// the manifest the reference names.
+	data, err := io.ReadAll(io.LimitReader(rc, 4<<20))
+	if err != nil {
+		return 0, fmt.Errorf("manifest: %w", err)
+	}
+	if got := digest.FromBytes(data); got != desc.Digest {
+		return 0, fmt.Errorf("manifest: the registry sent %s for %s", got, desc.Digest)
+	}
 	var m ocispec.Manifest
-	if err := json.NewDecoder(io.LimitReader(rc, 4<<20)).Decode(&m); err != nil {
+	if err := json.Unmarshal(data, &m); err != nil {
 		return 0, fmt.Errorf("manifest: %w", err)
 	}
 	var n int64
 	for _, l := range m.Layers {
+		if l.Size < 0 || l.Size > math.MaxInt64/prefetchExpansion-n {
+			return 0, fmt.Errorf("manifest: layer %s reports a size of %d", l.Digest, l.Size)
+		}
 		n += l.Size
 	}
 	return n, nil

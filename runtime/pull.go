@@ -73,7 +73,7 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 		if tampered(rec) {
 			// Its name says one image and it holds another: neither used
 			// nor overwritten (it may be evidence); gc removes it.
-			return Pulled{}, fmt.Errorf("pull %s: %w: the record points at %s, not the digest its name says; it was changed outside gpupin: gpupin gc removes it", ref, ErrTampered, rec.Target.Digest)
+			return Pulled{}, fmt.Errorf("pull: %w", tamperedError(ref, rec.Target.Digest))
 		}
 		if err := checkMediaType(ref, opts.MediaType, rec.Target.MediaType); err != nil {
 			return Pulled{}, err

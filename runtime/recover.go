@@ -283,7 +283,11 @@ func (r *Runtime) Recover(ctx context.Context) ([]Recovered, error) {
 		if r.settled(key, states[key]) {
 			continue
 		}
-		unlock, err := r.lockPinKey(ctx, key)
+		// A key whose pin step takes long (a restore unpacking) is left for
+		// the next pass rather than holding up every reader of pins.
+		lctx, cancel := context.WithTimeout(ctx, recoverLockWait)
+		unlock, err := r.lockPinKey(lctx, key)
+		cancel()
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -300,6 +304,9 @@ func (r *Runtime) Recover(ctx context.Context) ([]Recovered, error) {
 	}
 	return out, nil
 }
+
+// recoverLockWait bounds how long Recover waits for one key's pin lock.
+var recoverLockWait = 10 * time.Second
 
 // keyStates reads what containerd holds for every key, or for one.
 func (r *Runtime) keyStates(ctx context.Context, only string) (map[string]*keyState, error) {

@@ -156,8 +156,7 @@ func (r *Runtime) runnable(ctx context.Context, name string) (client.Image, erro
 		return nil, fmt.Errorf("image %s: %w", name, err)
 	}
 	if m := img.Metadata(); tampered(m) {
-		return nil, fmt.Errorf("run %s: %w: the record points at %s, not the digest its name says; it was changed outside gpupin and is never run (gpupin gc removes it)",
-			name, ErrTampered, m.Target.Digest)
+		return nil, fmt.Errorf("run: %w", tamperedError(name, m.Target.Digest))
 	}
 	return img, nil
 }

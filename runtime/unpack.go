@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -56,6 +57,10 @@ import (
 //	"containerd"           containerd's unpacker, one layer at a time
 //	"containerd-parallel"  containerd's unpacker with its parallel unpack where the snapshotter can rebase
 const EnvUnpack = "GPUPIN_UNPACK"
+
+// errWrongDiffID is a layer whose files are not those its config names:
+// the same bytes give the same answer, so nothing of it is worth keeping.
+var errWrongDiffID = errors.New("wrong diff ID")
 
 // unpackLayers bounds the layers downloaded and extracted at once.
 const unpackLayers = 4
@@ -475,26 +480,35 @@ func (u *unpacker) fetch(ctx context.Context, cs content.Store, fetcher remotes.
 // commit): its whiteouts must become overlay whiteouts.
 func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) error {
 	if l.stream != nil {
-		if dir, opts, ok := localTarget(l.mounts, parallelChild); ok && l.stream.attach() {
+		if dir, opts, ok := localTarget(l.mounts, parallelChild); ok && streamable(l.desc.MediaType) && l.stream.attach() {
 			got, err := applyStream(ctx, dir, l.stream, opts)
-			if err == nil || !l.stream.isDetached() {
-				l.stream.detach()
-				// The download's outcome first: a failed download fails
-				// the extraction that read from it, and says why.
-				<-l.fetched
-				if l.fetchErr != nil {
-					return l.fetchErr
-				}
-				if err != nil {
-					return fmt.Errorf("extract layer %d (%s): %w", l.i, l.desc.Digest, err)
-				}
+			l.stream.detach()
+			// The download's outcome first: a failed download fails the
+			// extraction that read from it, and says why.
+			select {
+			case <-l.fetched:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			if l.fetchErr != nil {
+				return l.fetchErr
+			}
+			if err == nil {
 				if got != l.diffID {
-					return fmt.Errorf("wrong diff ID %s calculated on extraction of %s, the config says %s", got, l.desc.Digest, l.diffID)
+					return fmt.Errorf("%w %s calculated on extraction of %s, the config says %s", errWrongDiffID, got, l.desc.Digest, l.diffID)
 				}
 				return nil
 			}
-			// Dropped midway (the download resumed): what was written goes,
-			// and the daemon applies the layer from the content store.
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// Not extracted here (the stream dropped as the download
+			// resumed, no zstd decoder free, an overlay attribute this
+			// process may not set): what was written goes, and the daemon
+			// applies the layer from the verified content, as containerd
+			// would. Bytes that are wrong fail there too, with the
+			// daemon's reason.
+			tracef("layer %d: extraction here failed (%v); the daemon applies it", l.i, err)
 			if err := clearDir(dir); err != nil {
 				return fmt.Errorf("extract layer %d (%s): %w", l.i, l.desc.Digest, err)
 			}
@@ -519,7 +533,7 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 		return fmt.Errorf("apply layer %d (%s %s): %w", l.i, l.desc.MediaType, l.desc.Digest, err)
 	}
 	if d.Digest != l.diffID {
-		return fmt.Errorf("wrong diff ID %s calculated on extraction of %s, the config says %s", d.Digest, l.desc.Digest, l.diffID)
+		return fmt.Errorf("%w %s calculated on extraction of %s, the config says %s", errWrongDiffID, d.Digest, l.desc.Digest, l.diffID)
 	}
 	return nil
 }

@@ -269,3 +269,42 @@ func TestZstdPublishedVariantUnpacksToTheSameDiffIDs(t *testing.T) {
 		t.Errorf("diff IDs: gzip %s, zstd %s", top[0], top[1])
 	}
 }
+
+// A zstd layer that finds the decoders' memory budget taken (other pulls
+// decoding) is not waited for: its download would stall behind its
+// stream until the registry's stall bound cut it. The daemon applies it
+// from the content store instead, and the root filesystem is the same.
+func TestZstdLayersWithoutDecoderBudgetAreAppliedByTheDaemon(t *testing.T) {
+	release := runtime.HoldZstdBudget()
+	defer release()
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	img, err := sandbox.Image(sandbox.ImageSpec{Layers: whiteoutLayers(t, compression.ZStd, t.Name()+time.Now().String())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := sandbox.PushImage(ctx, reg.Host+"/budget:1", img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Host + "/budget@" + d.String()
+	for _, mode := range []string{"", "serial"} {
+		t.Run("mode="+mode, func(t *testing.T) {
+			t.Setenv(runtime.EnvUnpack, mode)
+			rt := testenv.Runtime(t)
+			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if _, err := rt.Pull(pctx, ref, runtime.PullOptions{}); err != nil {
+				t.Fatalf("pull with the zstd budget taken: %v", err)
+			}
+			res, err := rt.Run(ctx, runtime.RunSpec{Image: ref, Args: []string{"/bin/sh", "-c", rootfsScript}, Role: "probe", Timeout: 30 * time.Second})
+			if err != nil {
+				t.Fatalf("run: %v\n%s", err, res.Output)
+			}
+			if got := string(res.Output); got != rootfsWant {
+				t.Errorf("root filesystem:\n%s\nwant:\n%s", got, rootfsWant)
+			}
+			assertNothingLeft(t, rt)
+		})
+	}
+}
