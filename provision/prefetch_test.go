@@ -46,7 +46,7 @@ func TestProvisionSimulatedPrefetchesTheFallback(t *testing.T) {
 	atPull := func(reg **sandbox.Registry, n *int) provision.Option {
 		*n = -1
 		return provision.WithOnState(func(st provision.Status) {
-			if st.State == provision.Pulling && st.Variant == "cu129" && *n < 0 {
+			if st.State == provision.Pulling && st.Attempted == "cu129" && *n < 0 {
 				*n = blobGETs(*reg, d129)
 			}
 		})
