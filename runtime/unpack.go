@@ -485,19 +485,11 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 			l.stream.detach()
 			// The download's outcome first: a failed download fails the
 			// extraction that read from it, and says why.
-			select {
-			case <-l.fetched:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			if l.fetchErr != nil {
-				return l.fetchErr
+			if ferr := l.waitFetched(ctx); ferr != nil {
+				return ferr
 			}
 			if err == nil {
-				if got != l.diffID {
-					return fmt.Errorf("%w %s calculated on extraction of %s, the config says %s", errWrongDiffID, got, l.desc.Digest, l.diffID)
-				}
-				return nil
+				return l.checkDiffID(got)
 			}
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -516,13 +508,8 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 			l.stream.detach()
 		}
 	}
-	select {
-	case <-l.fetched:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	if l.fetchErr != nil {
-		return l.fetchErr
+	if err := l.waitFetched(ctx); err != nil {
+		return err
 	}
 	mounts := l.mounts
 	if parallelChild {
@@ -532,8 +519,23 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 	if err != nil {
 		return fmt.Errorf("apply layer %d (%s %s): %w", l.i, l.desc.MediaType, l.desc.Digest, err)
 	}
-	if d.Digest != l.diffID {
-		return fmt.Errorf("%w %s calculated on extraction of %s, the config says %s", errWrongDiffID, d.Digest, l.desc.Digest, l.diffID)
+	return l.checkDiffID(d.Digest)
+}
+
+// waitFetched waits for l's download and returns its error.
+func (l *layer) waitFetched(ctx context.Context) error {
+	select {
+	case <-l.fetched:
+		return l.fetchErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// checkDiffID holds an extraction's digest to the one the config names.
+func (l *layer) checkDiffID(got digest.Digest) error {
+	if got != l.diffID {
+		return fmt.Errorf("%w %s calculated on extraction of %s, the config says %s", errWrongDiffID, got, l.desc.Digest, l.diffID)
 	}
 	return nil
 }
