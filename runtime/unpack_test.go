@@ -104,6 +104,18 @@ const rootfsScript = `cd /a; ls; echo --; ls dir; echo --; cat keep over; ls -ln
 
 const rootfsWant = "dir\nhard\nkeep\nover\nowned\nsym\n--\nnew\n--\nkept\nlayer 3\n-rwxr-x---\n1234:1234\n1\nkeep\n4194304\n"
 
+// assertRootfs runs rootfsScript in ref and checks what the layers made.
+func assertRootfs(t *testing.T, rt *runtime.Runtime, ref string) {
+	t.Helper()
+	res, err := rt.Run(context.Background(), runtime.RunSpec{Image: ref, Args: []string{"/bin/sh", "-c", rootfsScript}, Role: "probe", Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, res.Output)
+	}
+	if got := string(res.Output); got != rootfsWant {
+		t.Errorf("root filesystem:\n%s\nwant:\n%s", got, rootfsWant)
+	}
+}
+
 // Every way gpupin can unpack (its streamed pipeline, parallel where the
 // daemon's snapshotter can rebase and serial where it cannot, the daemon's
 // diff service, containerd's own unpacker) makes the same root filesystem
@@ -153,13 +165,7 @@ func TestUnpackStrategiesMakeTheSameRootfs(t *testing.T) {
 						t.Errorf("layer %d: uncompressed label %q, want %s", i, got, want.RootFS.DiffIDs[i])
 					}
 				}
-				res, err := rt.Run(ctx, runtime.RunSpec{Image: ref, Args: []string{"/bin/sh", "-c", rootfsScript}, Role: "probe", Timeout: 30 * time.Second})
-				if err != nil {
-					t.Fatalf("run: %v\n%s", err, res.Output)
-				}
-				if got := string(res.Output); got != rootfsWant {
-					t.Errorf("root filesystem:\n%s\nwant:\n%s", got, rootfsWant)
-				}
+				assertRootfs(t, rt, ref)
 				assertNothingLeft(t, rt)
 			})
 		}
@@ -297,13 +303,7 @@ func TestZstdLayersWithoutDecoderBudgetAreAppliedByTheDaemon(t *testing.T) {
 			if _, err := rt.Pull(pctx, ref, runtime.PullOptions{}); err != nil {
 				t.Fatalf("pull with the zstd budget taken: %v", err)
 			}
-			res, err := rt.Run(ctx, runtime.RunSpec{Image: ref, Args: []string{"/bin/sh", "-c", rootfsScript}, Role: "probe", Timeout: 30 * time.Second})
-			if err != nil {
-				t.Fatalf("run: %v\n%s", err, res.Output)
-			}
-			if got := string(res.Output); got != rootfsWant {
-				t.Errorf("root filesystem:\n%s\nwant:\n%s", got, rootfsWant)
-			}
+			assertRootfs(t, rt, ref)
 			assertNothingLeft(t, rt)
 		})
 	}
