@@ -34,6 +34,7 @@ type Runtime struct {
 	fifoDir     string
 	cdiDirs     []string
 	localPrefix string // of the node-local names (local.go)
+	flush       *flusher
 }
 
 // Opt configures a Runtime.
@@ -62,7 +63,7 @@ func WithCDISpecDirs(dirs ...string) Opt { return func(r *Runtime) { r.cdiDirs =
 
 // Connect dials containerd and checks that it answers.
 func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error) {
-	r := &Runtime{namespace: "gpupin", snapshotter: "overlayfs", cdiDirs: []string{"/etc/cdi", "/var/run/cdi"}}
+	r := &Runtime{namespace: "gpupin", snapshotter: "overlayfs", cdiDirs: []string{"/etc/cdi", "/var/run/cdi"}, flush: newFlusher()}
 	for _, o := range opts {
 		o(r)
 	}
@@ -96,7 +97,10 @@ func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error)
 }
 
 // Close closes the connection.
-func (r *Runtime) Close() error { return r.client.Close() }
+func (r *Runtime) Close() error {
+	r.flush.close()
+	return r.client.Close()
+}
 
 // Client exposes containerd's client for what this package does not wrap.
 func (r *Runtime) Client() *client.Client { return r.client }

@@ -14,6 +14,19 @@ func HoldZstdBudget() (release func()) {
 	return func() { zstdSem.Release(zstdWindowBudget) }
 }
 
+// Fallbacks is how many layers this process began to extract and then,
+// other than by their stream being dropped, left to the daemon.
+func Fallbacks() int64 { return fallbacks.Load() }
+
+// SyncSnapshots is what SetPin waits for: the snapshots' filesystem
+// synced; gens is how many syncs were asked of this runtime so far.
+func (r *Runtime) SyncSnapshots(ctx context.Context) (gens uint64, err error) {
+	err = r.flush.sync(ctx)
+	r.flush.mu.Lock()
+	defer r.flush.mu.Unlock()
+	return r.flush.want, err
+}
+
 // LockPinKey is lockPinKey.
 func (r *Runtime) LockPinKey(ctx context.Context, key string) (func(), error) {
 	return r.lockPinKey(ctx, key)

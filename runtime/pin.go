@@ -381,6 +381,12 @@ func (r *Runtime) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
 			}
 		}
 	}
+	// A pin says the image was proved: its files are on disk before it
+	// is written, or a power cut could leave it naming a snapshot whose
+	// files never were (durable.go).
+	if err := r.flush.sync(ctx); err != nil {
+		return fmt.Errorf("pin %s: %w", p.Key, err)
+	}
 	img.Labels = p.labels()
 	updated, err := is.Update(ctx, img, labelPaths(pinLabelKeys)...)
 	if err != nil {

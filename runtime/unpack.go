@@ -62,6 +62,11 @@ const EnvUnpack = "GPUPIN_UNPACK"
 // the same bytes give the same answer, so nothing of it is worth keeping.
 var errWrongDiffID = errors.New("wrong diff ID")
 
+// fallbacks counts the layers whose extraction here failed, other than
+// by their stream being dropped, and which the daemon then applied, for
+// tests.
+var fallbacks atomic.Int64
+
 // unpackLayers bounds the layers downloaded and extracted at once.
 const unpackLayers = 4
 
@@ -135,10 +140,13 @@ type unpacker struct {
 	name     string // what the resolver fetches
 	tracker  *tracker
 	pending  atomic.Int64
+	// zstd is the pull's share of the zstd decoders' budget, claimed by
+	// its zstd layers before they start (parallel unpack).
+	zstd *semaphore.Weighted
 }
 
 func (r *Runtime) newUnpacker(s unpackStrategy, res remotes.Resolver, name string, t *tracker) *unpacker {
-	return &unpacker{r: r, strategy: s, resolver: res, name: name, tracker: t}
+	return &unpacker{r: r, strategy: s, resolver: res, name: name, tracker: t, zstd: semaphore.NewWeighted(zstdWindowBudget)}
 }
 
 // wrap takes a manifest's layers out of its children, so that containerd's
@@ -203,6 +211,7 @@ type layer struct {
 	exists bool // the snapshot was there already
 
 	stream   *stream
+	zstd     *zstdSlot     // its claim on the pull's zstd decoders, nil when none
 	started  bool          // its download was started
 	fetched  chan struct{} // closed when the download ended
 	fetchErr error
@@ -254,6 +263,13 @@ func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs 
 		u.tracker.observe(ctx, d)
 	}
 
+	if u.strategy.local {
+		// Writeback beside the extraction (durable.go); the last kick
+		// starts what is left while the probe runs.
+		stop := u.r.flush.every(syncEvery)
+		defer u.r.flush.kick()
+		defer stop()
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	sn := u.r.client.SnapshotService(u.r.snapshotter)
 	var wg sync.WaitGroup
@@ -325,6 +341,14 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 		}
 		if u.strategy.local {
 			l.stream = newStream(&u.pending, true)
+			if l.desc.MediaType == ocispec.MediaTypeImageLayerZstd {
+				slot, err := claimZstd(ctx, u.zstd)
+				if err != nil {
+					exSem.Release(1)
+					return err
+				}
+				l.zstd = slot
+			}
 		}
 		startFetch(l)
 		wg.Add(1)
@@ -332,6 +356,7 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 			defer wg.Done()
 			defer close(l.ready)
 			defer exSem.Release(1)
+			defer l.zstd.release()
 			l.err = u.extract(ctx, l, l.i > 0)
 			tracef("layer %d extracted (%v)", l.i, l.err)
 		}()
@@ -481,7 +506,8 @@ func (u *unpacker) fetch(ctx context.Context, cs content.Store, fetcher remotes.
 func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) error {
 	if l.stream != nil {
 		if dir, opts, ok := localTarget(l.mounts, parallelChild); ok && streamable(l.desc.MediaType) && l.stream.attach() {
-			got, err := applyStream(ctx, dir, l.stream, opts)
+			u.r.flush.see(dir)
+			got, err := applyStream(ctx, dir, l.stream, l.zstd, opts)
 			l.stream.detach()
 			// The download's outcome first: a failed download fails the
 			// extraction that read from it, and says why.
@@ -501,6 +527,9 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 			// would. Bytes that are wrong fail there too, with the
 			// daemon's reason.
 			tracef("layer %d: extraction here failed (%v); the daemon applies it", l.i, err)
+			if !errors.Is(err, errDetached) { // a blob found in the store is applied from there, as it should be
+				fallbacks.Add(1)
+			}
 			if err := clearDir(dir); err != nil {
 				return fmt.Errorf("extract layer %d (%s): %w", l.i, l.desc.Digest, err)
 			}
