@@ -141,11 +141,35 @@ func (e *env) realRows(ctx context.Context, reg string) ([]row, error) {
 	var out [2]struct {
 		g, c []result
 	}
+	var inputs [2]floorInput
+	var rounds [2][]floorPair
+	if e.cfg.sections["floor"] {
+		for k := range inputs {
+			in, err := e.floorInput(ctx, k)
+			if err != nil {
+				return nil, err
+			}
+			inputs[k] = in
+		}
+	}
 	for i := 0; i < e.cfg.runs; i++ {
 		for k, img := range pair {
+			var fp floorPair
+			if inputs[k].tool != "" {
+				var err error
+				if fp.extracted, fp.floor, err = floorRunSync(ctx, inputs[k].tool, inputs[k].blobs, true); err != nil {
+					return nil, err
+				}
+			}
 			g, err := e.coldGpupin(ctx, reg, img.ref, img.layerBytes)
 			if err != nil {
 				return nil, err
+			}
+			if fp.floor > 0 {
+				fp.gpupin = g.dur
+				rounds[k] = append(rounds[k], fp)
+				logf("floor %s round %d: decompress + extract %s, + sync %s; gpupin %.2f× that", inputs[k].format, i+1,
+					fp.extracted.Round(time.Millisecond), fp.floor.Round(time.Millisecond), g.dur.Seconds()/fp.floor.Seconds())
 			}
 			c, err := e.coldCtr(ctx, reg, img.child, img.layerBytes, i)
 			if err != nil {
@@ -157,7 +181,7 @@ func (e *env) realRows(ctx context.Context, reg string) ([]row, error) {
 		}
 	}
 	gz, zs := pair[0], pair[1]
-	e.realResults = append(e.realResults, realResult{daemon: "containerd " + e.ctd.Version, reg: regName, gzip: medianOf(out[0].g).dur, zstd: medianOf(out[1].g).dur})
+	e.realResults = append(e.realResults, realResult{daemon: "containerd " + e.ctd.Version, reg: regName, gzip: medianOf(out[0].g).dur, zstd: medianOf(out[1].g).dur, rounds: rounds})
 	gG, gC := medianOf(out[0].g), medianOf(out[0].c)
 	zG, zC := medianOf(out[1].g), medianOf(out[1].c)
 	desc := fmt.Sprintf("%d layers, %.0f MB gzip, %.2f GB of %d files unpacked", gz.layers, float64(gz.layerBytes)/1e6, float64(e.real.unpacked)/1e9, e.real.files)
