@@ -134,8 +134,7 @@ func (e *env) floor(ctx context.Context) ([]row, error) {
 				if len(rs) == 0 {
 					continue
 				}
-				sort.Float64s(rs)
-				ratios = append(ratios, fmt.Sprintf("%s, %s: %.2f× (rounds %s)", rr.daemon, rr.reg, rs[len(rs)/2], fmtRatios(rs)))
+				ratios = append(ratios, fmt.Sprintf("%s, %s: %.2f× (rounds %s)", rr.daemon, rr.reg, medianFloat(rs), fmtRatios(rs)))
 			}
 			r.gpupin = "—"
 			r.ratio = "see notes"
@@ -144,6 +143,13 @@ func (e *env) floor(ctx context.Context) ([]row, error) {
 		rows = append(rows, r)
 	}
 	return rows, nil
+}
+
+// medianFloat is median's rule (the upper middle) over ratios.
+func medianFloat(xs []float64) float64 {
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	return s[len(s)/2]
 }
 
 func fmtRatios(rs []float64) string {

@@ -35,7 +35,6 @@ func (p *Provisioner) Probe(ctx context.Context, image string, meta images.Metad
 	}
 	res, err := p.rt.Run(ctx, runtime.RunSpec{
 		Image: image, Args: run.prog.Args, Env: run.prog.Env, Mounts: run.mounts(), GPUs: run.gpus, Hardened: true, Role: "probe",
-		Volatile:    true, // the probe writes nothing worth keeping; SetPin syncs the image
 		MemoryLimit: p.opts.ProbeMemory, PidsLimit: p.opts.ProbePids, Timeout: p.opts.ProbeTimeout,
 	})
 	tail := probe.Tail(res.Output)

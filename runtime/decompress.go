@@ -61,7 +61,12 @@ func decompress(ctx context.Context, r io.Reader, slot *zstdSlot) (io.ReadCloser
 				w = max(int64(h.WindowSize), zstdMinCharge)
 			}
 		}
-		slot.shrink(w) // the pull's next layer need not wait for what this one does not use
+		// The claim becomes the window: the pull's next layer need not
+		// wait for what this one does not use, and a larger window must
+		// not take what the pull's other layers were promised.
+		if !slot.resize(w) {
+			return nil, fmt.Errorf("%w: a zstd window of %d bytes, and the pull's other layers decoding", errNoDecoder, w)
+		}
 		if !zstdSem.TryAcquire(w) {
 			return nil, fmt.Errorf("%w: the zstd decoders' memory budget is in use", errNoDecoder)
 		}
@@ -113,12 +118,20 @@ func claimZstd(ctx context.Context, sem *semaphore.Weighted) (*zstdSlot, error) 
 	return &zstdSlot{sem: sem, held: zstdMaxWindow}, nil
 }
 
-// shrink gives back what the layer's window does not need.
-func (s *zstdSlot) shrink(to int64) {
-	if s != nil && to < s.held {
+// resize makes the claim to bytes: it gives back what the layer's window
+// does not need, or takes more of the pull's share if it is free.
+func (s *zstdSlot) resize(to int64) bool {
+	switch {
+	case s == nil || to == s.held:
+	case to < s.held:
 		s.sem.Release(s.held - to)
 		s.held = to
+	case !s.sem.TryAcquire(to - s.held):
+		return false
+	default:
+		s.held = to
 	}
+	return true
 }
 
 // release ends the claim.

@@ -2,14 +2,13 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/containerd/containerd/v2/core/mount"
 	"golang.org/x/sys/unix"
 )
 
@@ -18,17 +17,18 @@ import (
 // Neither containerd nor tar syncs what a layer's extraction writes: the
 // files sit in the page cache until the kernel writes them back, about
 // 30 s later. overlayfs syncs its upper filesystem whenever a mount of it
-// goes, so the probe's container, unmounted at its end, used to wait for
-// every byte the pull had written (0.8 s a gigabyte here), and that wait
-// was the only thing that put a proved image on disk before its pin. Now
-// it is said: a pin is written once the snapshots' filesystem is synced
-// (SetPin), the pull has that writeback started while it extracts, so
-// little is left by then, and the probe's overlay is volatile, since its
-// own writes die with it.
+// goes, so the probe's container, unmounted at its end, waited for every
+// byte the pull had written (0.9 s a gigabyte here), and that wait was
+// all that put a proved image on disk before its pin. Now it is said: a
+// pull that extracts here asks for the snapshots' filesystem to be synced
+// every syncEvery, so writeback runs beside decompression, which leaves
+// the disk idle, and little is left for the probe's unmount; and SetPin
+// waits for a sync begun after it was called. Where the daemon applied
+// every layer (no snapshot directory seen here), the probe's unmount is
+// still what syncs them.
 
 // syncEvery is how often a pull that extracts here asks for the snapshots
-// written so far to go to disk: writeback then runs beside decompression,
-// which leaves the disk idle, instead of after it.
+// written so far to go to disk.
 const syncEvery = time.Second
 
 // flusher runs syncfs(2) on the snapshots' filesystem, one at a time, for
@@ -38,19 +38,21 @@ type flusher struct {
 	f       *os.File // a directory on the snapshots' filesystem; nil until one is seen
 	want    uint64   // generations asked for
 	done    uint64   // generations met
-	err     error    // of the last sync
+	failed  error    // the first sync that failed: sticky, see wait
 	running bool
+	closing bool
 	changed chan struct{} // closed when done moves
+	syncfs  func(fd int) error
 }
 
-func newFlusher() *flusher { return &flusher{changed: make(chan struct{})} }
+func newFlusher() *flusher { return &flusher{changed: make(chan struct{}), syncfs: unix.Syncfs} }
 
 // see records a directory on the snapshots' filesystem (a snapshot's
 // upper directory), the first time one is seen.
 func (f *flusher) see(dir string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.f != nil {
+	if f.f != nil || f.closing {
 		return
 	}
 	// The snapshots directory outlives any one snapshot's.
@@ -67,7 +69,7 @@ func (f *flusher) see(dir string) {
 func (f *flusher) kick() uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.f == nil {
+	if f.f == nil || f.closing {
 		return 0
 	}
 	f.want++
@@ -82,31 +84,50 @@ func (f *flusher) run() {
 	for {
 		f.mu.Lock()
 		target := f.want
+		if f.closing && f.done < target {
+			// Nobody waits for a closed runtime's syncs forever.
+			f.done = target
+			if f.failed == nil {
+				f.failed = errors.New("the runtime was closed")
+			}
+			close(f.changed)
+			f.changed = make(chan struct{})
+		}
 		if f.done >= target {
 			f.running = false
+			if f.closing && f.f != nil {
+				f.f.Close()
+				f.f = nil
+			}
 			f.mu.Unlock()
 			return
 		}
 		fd := int(f.f.Fd())
 		f.mu.Unlock()
-		err := unix.Syncfs(fd)
+		err := f.syncfs(fd)
 		f.mu.Lock()
-		f.done, f.err = target, err
+		f.done = target
+		if err != nil && f.failed == nil {
+			f.failed = err
+		}
 		close(f.changed)
 		f.changed = make(chan struct{})
 		f.mu.Unlock()
 	}
 }
 
-// wait waits for generation gen to be met and returns that sync's error.
+// wait waits for generation gen to be met. A sync that ever failed fails
+// every wait after it: syncfs reports a writeback error once, maybe to a
+// sync nobody waited for (the pull's), and the files it lost are not on
+// disk whatever later syncs say.
 func (f *flusher) wait(ctx context.Context, gen uint64) error {
 	for {
 		f.mu.Lock()
-		done, err, changed := f.done, f.err, f.changed
+		done, failed, changed := f.done, f.failed, f.changed
 		f.mu.Unlock()
 		if done >= gen {
-			if err != nil {
-				return fmt.Errorf("syncfs: %w", err)
+			if failed != nil {
+				return fmt.Errorf("syncfs of the snapshots' filesystem: %w", failed)
 			}
 			return nil
 		}
@@ -146,62 +167,13 @@ func (f *flusher) every(interval time.Duration) (stop func()) {
 	return func() { once.Do(func() { close(done) }) }
 }
 
+// close lets the directory go, now or when the running sync ends.
 func (f *flusher) close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.closing = true
 	if f.f != nil && !f.running {
 		f.f.Close()
 		f.f = nil
 	}
-}
-
-// volatileRootfs turns a container's overlay root into a volatile one, so
-// that its unmount does not sync the filesystem, where this process can
-// sync that filesystem itself (it sees the upper directory) and the
-// kernel has the option (5.10). ok is false when it is left as it is.
-func volatileRootfs(mounts []mount.Mount, kernelHasIt bool) (_ []mount.Mount, upper string, ok bool) {
-	if len(mounts) != 1 || mounts[0].Type != "overlay" || !kernelHasIt {
-		return nil, "", false
-	}
-	m := mounts[0]
-	for _, o := range m.Options {
-		switch {
-		case o == "volatile":
-			return nil, "", false
-		case strings.HasPrefix(o, "upperdir="):
-			upper = strings.TrimPrefix(o, "upperdir=")
-		}
-	}
-	if upper == "" || !isDir(upper) {
-		return nil, "", false
-	}
-	m.Options = append(append([]string(nil), m.Options...), "volatile")
-	return []mount.Mount{m}, upper, true
-}
-
-// overlayVolatile says whether the kernel's overlayfs takes "volatile".
-var overlayVolatile = sync.OnceValue(func() bool {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return false
-	}
-	return kernelAtLeast(unix.ByteSliceToString(u.Release[:]), 5, 10)
-})
-
-func kernelAtLeast(release string, major, minor int) bool {
-	parts := strings.SplitN(release, ".", 3)
-	if len(parts) < 2 {
-		return false
-	}
-	// The minor may run on ("10-rc1"): its leading digits.
-	n := 0
-	for n < len(parts[1]) && parts[1][n] >= '0' && parts[1][n] <= '9' {
-		n++
-	}
-	ma, err1 := strconv.Atoi(parts[0])
-	mi, err2 := strconv.Atoi(parts[1][:n])
-	if err1 != nil || err2 != nil {
-		return false
-	}
-	return ma > major || ma == major && mi >= minor
 }

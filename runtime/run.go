@@ -54,12 +54,8 @@ type RunSpec struct {
 	OutputLimit int
 	// Stdout, Stderr also receive the output as it comes (gpupin run).
 	Stdout, Stderr io.Writer
-	// Volatile mounts the container's overlay root volatile: its unmount
-	// does not sync the filesystem, which its own writes, thrown away,
-	// never need (a probe). SetPin syncs the image's files instead.
-	Volatile bool
-	Role     string // probe or replica, a label
-	Labels   map[string]string
+	Role           string // probe or replica, a label
+	Labels         map[string]string
 	// ID names the container; default role-random.
 	ID string
 }
@@ -198,13 +194,7 @@ func (r *Runtime) runTask(ctx context.Context, cont client.Container, spec RunSp
 	if err := os.MkdirAll(r.fifoDir, 0o700); err != nil {
 		return res, fmt.Errorf("fifo dir: %w", err)
 	}
-	var taskOpts []client.NewTaskOpts
-	if spec.Volatile {
-		if o, ok := r.volatileRoot(ctx, cont); ok {
-			taskOpts = append(taskOpts, o)
-		}
-	}
-	task, err := cont.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, stdout, stderr), cio.WithFIFODir(r.fifoDir)), taskOpts...)
+	task, err := cont.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, stdout, stderr), cio.WithFIFODir(r.fifoDir)))
 	if err != nil {
 		return res, fmt.Errorf("create task %s: %w", res.ID, err)
 	}
@@ -252,24 +242,4 @@ func (spec RunSpec) outputs() (out *tailBuffer, stdout, stderr io.Writer) {
 		stderr = io.MultiWriter(out, spec.Stderr)
 	}
 	return out, stdout, stderr
-}
-
-// volatileRoot is the task option that mounts cont's root volatile, where
-// volatileRootfs allows it; the flusher learns the filesystem it is on,
-// so that SetPin syncs what the unmount no longer does.
-func (r *Runtime) volatileRoot(ctx context.Context, cont client.Container) (client.NewTaskOpts, bool) {
-	info, err := cont.Info(ctx, client.WithoutRefreshedMetadata)
-	if err != nil || info.SnapshotKey == "" {
-		return nil, false
-	}
-	mounts, err := r.client.SnapshotService(cmp.Or(info.Snapshotter, r.snapshotter)).Mounts(ctx, info.SnapshotKey)
-	if err != nil {
-		return nil, false
-	}
-	vm, upper, ok := volatileRootfs(mounts, overlayVolatile())
-	if !ok {
-		return nil, false
-	}
-	r.flush.see(upper)
-	return client.WithRootFS(vm), true
 }

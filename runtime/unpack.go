@@ -341,7 +341,7 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 		}
 		if u.strategy.local {
 			l.stream = newStream(&u.pending, true)
-			if l.desc.MediaType == ocispec.MediaTypeImageLayerZstd {
+			if _, _, ok := localTarget(l.mounts, l.i > 0); ok && l.desc.MediaType == ocispec.MediaTypeImageLayerZstd {
 				slot, err := claimZstd(ctx, u.zstd)
 				if err != nil {
 					exSem.Release(1)
@@ -508,6 +508,7 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 		if dir, opts, ok := localTarget(l.mounts, parallelChild); ok && streamable(l.desc.MediaType) && l.stream.attach() {
 			u.r.flush.see(dir)
 			got, err := applyStream(ctx, dir, l.stream, l.zstd, opts)
+			l.zstd.release() // the decoder is done: the pull's next layer may start
 			l.stream.detach()
 			// The download's outcome first: a failed download fails the
 			// extraction that read from it, and says why.
@@ -537,6 +538,7 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 			l.stream.detach()
 		}
 	}
+	l.zstd.release()
 	if err := l.waitFetched(ctx); err != nil {
 		return err
 	}
