@@ -349,6 +349,13 @@ func (e *HeldError) Is(target error) bool {
 // this pin steps back for it rather than demote it.
 func (r *Runtime) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
 	ctx = r.ctx(ctx)
+	// A pin says the image was proved: its files are on disk before it
+	// is written, or a power cut could leave it naming a snapshot whose
+	// files never were (durable.go). Before the key's lock: a slow disk
+	// must not hold the key.
+	if err := r.flush.sync(ctx); err != nil {
+		return fmt.Errorf("pin %s: %w", p.Key, err)
+	}
 	unlock, err := r.lockPinKey(ctx, p.Key)
 	if err != nil {
 		return err
@@ -380,12 +387,6 @@ func (r *Runtime) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
 				return &HeldError{Key: p.Key, Ref: o.Name, Source: op.Source, Claimed: p.Source, Tampered: op.Tampered}
 			}
 		}
-	}
-	// A pin says the image was proved: its files are on disk before it
-	// is written, or a power cut could leave it naming a snapshot whose
-	// files never were (durable.go).
-	if err := r.flush.sync(ctx); err != nil {
-		return fmt.Errorf("pin %s: %w", p.Key, err)
 	}
 	img.Labels = p.labels()
 	updated, err := is.Update(ctx, img, labelPaths(pinLabelKeys)...)

@@ -26,16 +26,23 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // pushed publishes a one-variant engine and returns the child's digest ref.
 func pushed(t *testing.T, reg *sandbox.Registry, env ...string) string {
 	t.Helper()
-	img, err := sandbox.Image(sandbox.ImageSpec{Env: env})
+	return pushImage(t, reg, "eng:1", sandbox.ImageSpec{Env: env})
+}
+
+// pushImage pushes the image spec makes as reg/repoTag and returns its
+// reference by digest.
+func pushImage(t *testing.T, reg *sandbox.Registry, repoTag string, spec sandbox.ImageSpec) string {
+	t.Helper()
+	img, err := sandbox.Image(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref := reg.Host + "/eng:1"
-	d, err := sandbox.PushImage(context.Background(), ref, img)
+	d, err := sandbox.PushImage(context.Background(), reg.Host+"/"+repoTag, img)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reg.Host + "/eng@" + d.String()
+	repo, _, _ := strings.Cut(repoTag, ":")
+	return reg.Host + "/" + repo + "@" + d.String()
 }
 
 func TestPullByDigestAndRunHardened(t *testing.T) {
@@ -129,15 +136,8 @@ func TestPullThatExtractsHereSyncsItsSnapshots(t *testing.T) {
 	rt := testenv.Runtime(t)
 	// Layers of the test's own: a blob already in the store is applied by
 	// the daemon, never extracted here.
-	img, err := sandbox.Image(sandbox.ImageSpec{Layers: whiteoutLayers(t, compression.GZip, t.Name()+time.Now().String())})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := sandbox.PushImage(ctx, reg.Host+"/synced:1", img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rt.Pull(ctx, reg.Host+"/synced@"+d.String(), runtime.PullOptions{}); err != nil {
+	ref := pushImage(t, reg, "synced:1", sandbox.ImageSpec{Layers: whiteoutLayers(t, compression.GZip, t.Name()+time.Now().String())})
+	if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	gens, err := rt.SyncSnapshots(ctx)
@@ -248,15 +248,7 @@ func TestPullNeverRewritesAnExistingRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img, err := sandbox.Image(sandbox.ImageSpec{Layers: []v1.Layer{layer}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := sandbox.PushImage(ctx, reg.Host+"/eng:own", img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := reg.Host + "/eng@" + d.String()
+	ref := pushImage(t, reg, "eng:own", sandbox.ImageSpec{Layers: []v1.Layer{layer}})
 	if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -356,7 +356,6 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 			defer wg.Done()
 			defer close(l.ready)
 			defer exSem.Release(1)
-			defer l.zstd.release()
 			l.err = u.extract(ctx, l, l.i > 0)
 			tracef("layer %d extracted (%v)", l.i, l.err)
 		}()

@@ -293,15 +293,7 @@ func TestZstdLayersOfOnePullAreAllExtractedHere(t *testing.T) {
 		body := strings.Repeat(fmt.Sprintf("%s layer %d\n", salt, i), 16<<20/(len(salt)+10))
 		layers = append(layers, tarLayer(t, compression.ZStd, entry{name: fmt.Sprintf("l%d", i), body: body}))
 	}
-	img, err := sandbox.Image(sandbox.ImageSpec{Layers: layers})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := sandbox.PushImage(ctx, reg.Host+"/zstd-many:1", img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := reg.Host + "/zstd-many@" + d.String()
+	ref := pushImage(t, reg, "zstd-many:1", sandbox.ImageSpec{Layers: layers})
 	rt := testenv.Runtime(t)
 	before := runtime.Fallbacks()
 	if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
@@ -334,15 +326,7 @@ func TestZstdLayersWithoutDecoderBudgetAreAppliedByTheDaemon(t *testing.T) {
 		t.Run("mode="+mode, func(t *testing.T) {
 			// Blobs of the mode's own: one already in the content store
 			// is applied from there, never extracted here.
-			img, err := sandbox.Image(sandbox.ImageSpec{Layers: whiteoutLayers(t, compression.ZStd, t.Name()+time.Now().String())})
-			if err != nil {
-				t.Fatal(err)
-			}
-			d, err := sandbox.PushImage(ctx, reg.Host+"/budget:1", img)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ref := reg.Host + "/budget@" + d.String()
+			ref := pushImage(t, reg, "budget:1", sandbox.ImageSpec{Layers: whiteoutLayers(t, compression.ZStd, t.Name()+time.Now().String())})
 			t.Setenv(runtime.EnvUnpack, mode)
 			rt := testenv.Runtime(t)
 			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
