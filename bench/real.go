@@ -336,30 +336,38 @@ func fileSize(p string) int64 {
 type lever struct {
 	name, what string
 	env        []string
-	rebaseOnly bool // only differs from another row where the snapshotter can rebase (containerd ≥ 2.2)
+	rebaseOnly bool   // only differs from another row where the snapshotter can rebase (containerd ≥ 2.2)
+	zstd       bool   // of the zstd image (else gzip)
+	vs         string // the lever it is compared with ("": the first)
 }
 
+const leverDefault = "gpupin pipeline, streamed, parallel (the default)"
+
 var leverRows = []lever{
-	{"containerd's unpacker (gpupin before this change)", "client.Pull WithPullUnpack: each layer fetched into the content store, then applied by the daemon, one after another",
-		[]string{runtime.EnvUnpack + "=containerd"}, false},
-	{"+ containerd's parallel unpack", "WithUnpackLimiter: layers applied at once and rebased at commit",
-		[]string{runtime.EnvUnpack + "=containerd-parallel"}, true},
-	{"gpupin pipeline, daemon applies", "every layer fetched at once; the daemon's diff service applies each once it is in",
-		[]string{runtime.EnvUnpack + "=daemon"}, false},
-	{"gpupin pipeline, streamed, one layer at a time", "extracted here while downloading; serial, as on containerd 1.6",
-		[]string{runtime.EnvUnpack + "=serial"}, false},
-	{"gpupin pipeline, streamed, parallel (the default)", "extracted here while downloading, layers at once where the snapshotter can rebase; gzip through igzip",
-		nil, false},
-	{"  the default with unpigz instead of igzip", "CONTAINERD_DISABLE_IGZIP=1",
-		[]string{"CONTAINERD_DISABLE_IGZIP=1"}, false},
-	{"  the default with Go's gzip", "CONTAINERD_DISABLE_IGZIP=1 CONTAINERD_DISABLE_PIGZ=1",
-		[]string{"CONTAINERD_DISABLE_IGZIP=1", "CONTAINERD_DISABLE_PIGZ=1"}, false},
+	{name: "containerd's unpacker (gpupin before this change)", what: "client.Pull WithPullUnpack: each layer fetched into the content store, then applied by the daemon, one after another",
+		env: []string{runtime.EnvUnpack + "=containerd"}},
+	{name: "+ containerd's parallel unpack", what: "WithUnpackLimiter: layers applied at once and rebased at commit",
+		env: []string{runtime.EnvUnpack + "=containerd-parallel"}, rebaseOnly: true},
+	{name: "gpupin pipeline, daemon applies", what: "every layer fetched at once; the daemon's diff service applies each once it is in",
+		env: []string{runtime.EnvUnpack + "=daemon"}},
+	{name: "gpupin pipeline, streamed, one layer at a time", what: "extracted here while downloading; serial, as on containerd 1.6",
+		env: []string{runtime.EnvUnpack + "=serial"}},
+	{name: leverDefault, what: "extracted here while downloading, layers at once where the snapshotter can rebase; gzip through igzip; a layer extracted so is not stored"},
+	{name: "  the default, keeping layer blobs", what: "GPUPIN_KEEP_LAYERS=1: every blob written to the content store too, as gpupin did before",
+		env: []string{"GPUPIN_KEEP_LAYERS=1"}, rebaseOnly: true, vs: leverDefault},
+	{name: "  the default with unpigz instead of igzip", what: "CONTAINERD_DISABLE_IGZIP=1",
+		env: []string{"CONTAINERD_DISABLE_IGZIP=1"}},
+	{name: "  the default with Go's gzip", what: "CONTAINERD_DISABLE_IGZIP=1 CONTAINERD_DISABLE_PIGZ=1",
+		env: []string{"CONTAINERD_DISABLE_IGZIP=1", "CONTAINERD_DISABLE_PIGZ=1"}},
+	{name: "the default, zstd image", what: "the same image re-encoded by gpupin publish --compression zstd", zstd: true, vs: leverDefault},
+	{name: "  the default, zstd image, keeping layer blobs", what: "GPUPIN_KEEP_LAYERS=1",
+		env: []string{"GPUPIN_KEEP_LAYERS=1"}, rebaseOnly: true, zstd: true, vs: "the default, zstd image"},
 }
 
 // levers measures the real-files gzip image on the in-process registry
 // with each lever, interleaved, against ctr measured in realRows.
 func (e *env) levers(ctx context.Context) ([]row, error) {
-	img := e.real.byReg["inproc"][0]
+	imgs := e.real.byReg["inproc"]
 	rebase := e.ctd.Major >= 2
 	var active []lever
 	for _, l := range leverRows {
@@ -371,6 +379,10 @@ func (e *env) levers(ctx context.Context) ([]row, error) {
 	runs := make([][]result, len(active))
 	for i := 0; i < e.cfg.runs; i++ {
 		for k, l := range active {
+			img := imgs[0]
+			if l.zstd {
+				img = imgs[1]
+			}
 			r, err := e.coldGpupinEnv(ctx, l.env, "inproc", img.ref, img.layerBytes)
 			if err != nil {
 				return nil, fmt.Errorf("lever %s: %w", l.name, err)
@@ -379,14 +391,26 @@ func (e *env) levers(ctx context.Context) ([]row, error) {
 			logf("lever %q run %d: %s", l.name, i+1, r.dur.Round(time.Millisecond))
 		}
 	}
-	base := medianOf(runs[0]).dur
+	median := map[string]time.Duration{}
+	for k, l := range active {
+		median[l.name] = medianOf(runs[k]).dur
+	}
 	var rows []row
 	for k, l := range active {
-		m := medianOf(runs[k]).dur
+		m := median[l.name]
+		vs, ref := active[0].name, "containerd's unpacker"
+		if l.vs != "" {
+			vs, ref = l.vs, strings.TrimSpace(l.vs)
+		}
+		base := median[vs]
+		format := "gzip"
+		if l.zstd {
+			format = "zstd"
+		}
 		rows = append(rows, row{
 			name:   "lever: " + l.name,
-			gpupin: secs(m), ref: secs(base) + " (containerd's unpacker)", ratio: ratio(m, base),
-			notes: fmt.Sprintf("real files, gzip, in-process registry; %s; %s", l.what, spread("runs", runs[k])),
+			gpupin: secs(m), ref: secs(base) + " (" + ref + ")", ratio: ratio(m, base),
+			notes: fmt.Sprintf("real files, %s, in-process registry; %s; %s", format, l.what, spread("runs", runs[k])),
 		})
 	}
 	return rows, nil

@@ -5,24 +5,38 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/containerd/containerd/v2/core/snapshots"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
+	"github.com/gpupin/gpupin/runtime"
 )
 
 // The registry dies in the middle of a layer: the provision fails with the
 // reason, the pin proved earlier stays as it was, and the next attempt
-// completes without fetching again the layers that had arrived.
+// completes without fetching again the layers that had arrived. Where
+// layers are stored (--keep-layers, or containerd 1.6) the half of the cut
+// layer that had arrived is not fetched again either; where a layer
+// extracted here is not stored, what stays is the snapshots committed
+// before the cut, and the cut layer comes again whole.
 func TestFaultRegistryDiesMidPullSimulated(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keep-layers=%v", keep), func(t *testing.T) { registryDiesMidPull(t, keep) })
+	}
+}
+
+func registryDiesMidPull(t *testing.T, keep bool) {
 	ctx := context.Background()
 	reg := testenv.Registry(t)
-	rt := testenv.Runtime(t)
+	rt := testenv.Runtime(t, runtime.WithKeepLayers(keep))
+	stored := keep || !canRebase(t, rt)
 	nodes := testenv.NewNode(h100("580.82.07"))
 	p := newProvisioner(t, rt, nodes, 0)
 
@@ -48,12 +62,15 @@ func TestFaultRegistryDiesMidPullSimulated(t *testing.T) {
 	victim := layers[len(layers)-1]
 	victimDigest, _ := victim.Digest()
 	victimSize, _ := victim.Size()
-	var complete []v1.Hash
+	var complete, completeDiffs []v1.Hash
 	for _, l := range layers[:len(layers)-1] {
 		d, _ := l.Digest()
 		complete = append(complete, d)
+		dd, _ := l.DiffID()
+		completeDiffs = append(completeDiffs, dd)
 	}
 	cs := rt.Client().ContentStore()
+	sn := rt.Client().SnapshotService("overlayfs")
 	reg.SetHook(func(w http.ResponseWriter, r *http.Request) bool {
 		if r.Method != http.MethodGet || !strings.HasSuffix(r.URL.Path, "/blobs/"+victimDigest.String()) {
 			return false
@@ -69,14 +86,32 @@ func TestFaultRegistryDiesMidPullSimulated(t *testing.T) {
 		io.CopyN(w, rc, victimSize/2)
 		w.(http.Flusher).Flush()
 		// Let the other layers land first, so there is something to reuse.
-		waitFor(t, "the other layers in the content store", func() bool {
-			for _, d := range complete {
-				if _, err := cs.Info(nsCtx(rt), digestOf(d)); err != nil {
-					return false
+		if stored {
+			waitFor(t, "the other layers in the content store", func() bool {
+				for _, d := range complete {
+					if _, err := cs.Info(nsCtx(rt), digestOf(d)); err != nil {
+						return false
+					}
 				}
-			}
-			return true
-		})
+				return true
+			})
+		} else {
+			waitFor(t, "the other layers' snapshots committed", func() bool {
+				done := map[string]bool{}
+				sn.Walk(nsCtx(rt), func(_ context.Context, i snapshots.Info) error {
+					if i.Kind == snapshots.KindCommitted {
+						done[i.Labels[snapshots.LabelSnapshotDiffID]] = true
+					}
+					return nil
+				})
+				for _, d := range completeDiffs {
+					if !done[d.String()] {
+						return false
+					}
+				}
+				return true
+			})
+		}
 		reg.SetDown(true)
 		panic(http.ErrAbortHandler) // the connection drops mid-body
 	})
@@ -108,9 +143,12 @@ func TestFaultRegistryDiesMidPullSimulated(t *testing.T) {
 			t.Errorf("layer %s had arrived before the registry died, yet was fetched %d more times", d, n)
 		}
 	}
-	t.Logf("second attempt: %d requests, %d blob bytes (the cut layer is %d bytes)", len(reg.Requests()), reg.BytesServed("blob", "GET"), victimSize)
-	if got := reg.BytesServed("blob", "GET"); got >= victimSize {
+	t.Logf("second attempt (layers stored: %v): %d requests, %d blob bytes (the cut layer is %d bytes)", stored, len(reg.Requests()), reg.BytesServed("blob", "GET"), victimSize)
+	switch got := reg.BytesServed("blob", "GET"); {
+	case stored && got >= victimSize:
 		t.Errorf("second attempt fetched %d blob bytes; the half of the cut layer that had arrived (%d bytes) was fetched again", got, victimSize/2)
+	case !stored && got != victimSize:
+		t.Errorf("second attempt fetched %d blob bytes; want the cut layer whole (%d bytes), and nothing else", got, victimSize)
 	}
 	if left := leftovers(t, rt, "overlayfs"); len(left) != 0 {
 		t.Errorf("left behind: %v", left)
@@ -146,4 +184,15 @@ func stallBlob(digest string, reached chan<- struct{}, release <-chan struct{}) 
 		}
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// canRebase says whether rt's overlayfs snapshotter can rebase, so that
+// layers are extracted in parallel and, by default, not stored.
+func canRebase(t *testing.T, rt *runtime.Runtime) bool {
+	t.Helper()
+	caps, err := rt.Client().GetSnapshotterCapabilities(nsCtx(rt), "overlayfs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.Contains(caps, "rebase")
 }

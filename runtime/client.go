@@ -34,6 +34,7 @@ type Runtime struct {
 	fifoDir     string
 	cdiDirs     []string
 	localPrefix string // of the node-local names (local.go)
+	keepLayers  bool   // store every layer's blob, even one extracted here (direct.go)
 	flush       *flusher
 }
 
@@ -60,6 +61,14 @@ func WithFIFODir(dir string) Opt { return func(r *Runtime) { r.fifoDir = dir } }
 
 // WithCDISpecDirs sets where CDI specs are read (default /etc/cdi, /var/run/cdi).
 func WithCDISpecDirs(dirs ...string) Opt { return func(r *Runtime) { r.cdiDirs = dirs } }
+
+// WithKeepLayers keeps every layer's compressed blob in the content store,
+// as containerd's own pull does, for ctr export, a push from the node, or a
+// pull that resumes. By default a layer this process extracted while it
+// downloaded, and verified, is not stored: a node runs from its snapshots,
+// and storing the blob costs the daemon a write, a hash and an fsync of
+// every byte, and the node the disk (direct.go).
+func WithKeepLayers(keep bool) Opt { return func(r *Runtime) { r.keepLayers = keep } }
 
 // Connect dials containerd and checks that it answers.
 func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error) {

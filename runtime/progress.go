@@ -23,8 +23,8 @@ type Progress struct {
 	Finished   bool
 }
 
-// tracker follows a pull: the layers the handler saw, and the content
-// store's in-flight writes.
+// tracker follows a pull: the layers the handler saw, the content store's
+// in-flight writes, and the downloads that bypass the store (direct.go).
 type tracker struct {
 	cs     content.Store
 	ref    string
@@ -33,10 +33,11 @@ type tracker struct {
 	mu     sync.Mutex
 	layers map[string]int64
 	done   map[string]bool
+	direct map[string]int64 // bytes of each layer downloaded without the store
 }
 
 func newTracker(cs content.Store, ref string, report func(Progress)) *tracker {
-	return &tracker{cs: cs, ref: ref, report: report, layers: map[string]int64{}, done: map[string]bool{}}
+	return &tracker{cs: cs, ref: ref, report: report, layers: map[string]int64{}, done: map[string]bool{}, direct: map[string]int64{}}
 }
 
 func (t *tracker) observe(_ context.Context, d ocispec.Descriptor) ([]ocispec.Descriptor, error) {
@@ -46,6 +47,22 @@ func (t *tracker) observe(_ context.Context, d ocispec.Descriptor) ([]ocispec.De
 		t.mu.Unlock()
 	}
 	return nil, nil
+}
+
+// read counts n bytes of layer dg downloaded without the content store.
+func (t *tracker) read(dg string, n int64) {
+	t.mu.Lock()
+	t.direct[dg] += n
+	t.mu.Unlock()
+}
+
+// restart forgets what was counted of dg: it is downloaded again, into the
+// store.
+func (t *tracker) restart(dg string) {
+	t.mu.Lock()
+	delete(t.direct, dg)
+	delete(t.done, dg)
+	t.mu.Unlock()
 }
 
 func (t *tracker) start(ctx context.Context) func(ok bool) {
@@ -97,7 +114,12 @@ func (t *tracker) snapshot(ctx context.Context) Progress {
 				p.Done += off
 				continue
 			}
-			if _, err := t.cs.Info(ctx, digestOf(dg)); err == nil {
+			if n, ok := t.direct[dg]; ok && n < size {
+				p.Done += n
+				continue
+			} else if ok {
+				t.done[dg] = true
+			} else if _, err := t.cs.Info(ctx, digestOf(dg)); err == nil {
 				t.done[dg] = true
 			} else if !errors.Is(err, errdefs.ErrNotFound) {
 				continue

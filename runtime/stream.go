@@ -9,13 +9,15 @@ import (
 
 // A layer stream carries a layer's bytes, as they are downloaded, to the
 // extraction of that layer, so that decompressing and writing files
-// overlap the download instead of following it. The download writes every
-// byte to containerd's content store regardless; the stream is a second,
-// bounded consumer beside it, and it may be dropped at any time (detach),
-// after which the layer is applied from the content store once it is
-// there. Nothing read from a stream is trusted before the content store
-// verified the blob's digest and the extraction its diff ID: until both
-// did, the snapshot is not committed.
+// overlap the download instead of following it. Where the layer is kept,
+// the download writes every byte to containerd's content store regardless
+// and the stream is a second, bounded consumer beside it; where it is not
+// (direct.go), the stream is all the download writes to. Either way it may
+// be dropped at any time (detach), after which the layer is applied from
+// the content store once it is there. Nothing read from a stream is
+// trusted before the blob's digest was verified (by the content store, or
+// by the direct download) and the extraction's diff ID: until both were,
+// the snapshot is not committed.
 
 // errDetached is what a stream's reader gets once the stream was dropped.
 var errDetached = errors.New("layer stream detached")

@@ -36,10 +36,12 @@ import (
 // into the content store and only then has the daemon's diff service read
 // it back, decompress it and write its files; on one large gzip layer the
 // download and the decompression follow each other. gpupin's pipeline
-// (unpacker below) downloads every layer once into the content store, as
-// containerd does, and extracts each layer from the bytes as they arrive,
-// in this process, into the snapshot the daemon prepared: download,
-// decompression and file creation overlap, and no byte is read back. It
+// (unpacker below) downloads every layer once and extracts it from the
+// bytes as they arrive, in this process, into the snapshot the daemon
+// prepared: download, decompression and file creation overlap, and no byte
+// is read back. Where layers are extracted in parallel, one extracted so
+// is not stored in the content store unless WithKeepLayers says so
+// (direct.go); the rest are, as containerd stores them. It
 // needs what a node's gpupin has: root, the host's view of containerd's
 // snapshot directories, and the overlayfs snapshotter. Where any is
 // missing (gpupin in a container without the host's /var/lib/containerd,
@@ -140,6 +142,7 @@ type unpacker struct {
 	name     string // what the resolver fetches
 	tracker  *tracker
 	pending  atomic.Int64
+	fetcher  remotes.Fetcher
 	// zstd is the pull's share of the zstd decoders' budget, claimed by
 	// its zstd layers before they start (parallel unpack).
 	zstd *semaphore.Weighted
@@ -212,11 +215,15 @@ type layer struct {
 
 	stream   *stream
 	zstd     *zstdSlot     // its claim on the pull's zstd decoders, nil when none
+	direct   bool          // downloaded to its stream alone, not stored (direct.go)
 	started  bool          // its download was started
 	fetched  chan struct{} // closed when the download ended
 	fetchErr error
-	ready    chan struct{} // closed when extracted (or failed)
-	err      error
+	// discarded says the download verified the blob and did not store it;
+	// set before fetched is closed.
+	discarded bool
+	ready     chan struct{} // closed when extracted (or failed)
+	err       error
 }
 
 func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs []ocispec.Descriptor) (retErr error) {
@@ -238,6 +245,7 @@ func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs 
 	if err != nil {
 		return fmt.Errorf("fetcher: %w", err)
 	}
+	u.fetcher = fetcher
 	chain := identity.ChainIDs(slices.Clone(cfg.RootFS.DiffIDs))
 	layers := make([]*layer, len(descs))
 	for i, d := range descs {
@@ -308,7 +316,7 @@ func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs 
 			}
 			defer dlSem.Release(1)
 			tracef("layer %d fetch start", l.i)
-			l.fetchErr = u.fetch(ctx, cs, fetcher, l.desc, l.stream)
+			l.fetchErr = u.fetchLayer(ctx, cs, fetcher, l)
 			tracef("layer %d fetched (%v)", l.i, l.fetchErr)
 			if l.stream != nil {
 				l.stream.finish(l.fetchErr)
@@ -341,7 +349,8 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 		}
 		if u.strategy.local {
 			l.stream = newStream(&u.pending, true)
-			if _, _, ok := localTarget(l.mounts, l.i > 0); ok && l.desc.MediaType == ocispec.MediaTypeImageLayerZstd {
+			_, _, ok := localTarget(l.mounts, l.i > 0)
+			if ok && l.desc.MediaType == ocispec.MediaTypeImageLayerZstd {
 				slot, err := claimZstd(ctx, u.zstd)
 				if err != nil {
 					exSem.Release(1)
@@ -349,6 +358,9 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 				}
 				l.zstd = slot
 			}
+			// Its stream is read from the first byte: it can be all the
+			// download writes to.
+			l.direct = ok && streamable(l.desc.MediaType) && !u.r.keepLayers
 		}
 		startFetch(l)
 		wg.Add(1)
@@ -508,6 +520,11 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 			u.r.flush.see(dir)
 			got, err := applyStream(ctx, dir, l.stream, l.zstd, opts)
 			l.zstd.release() // the decoder is done: the pull's next layer may start
+			if err == nil && l.direct {
+				// The download checks the blob once it has all of it: it
+				// must not be cut off by the stream going.
+				_, err = io.Copy(io.Discard, l.stream)
+			}
 			l.stream.detach()
 			// The download's outcome first: a failed download fails the
 			// extraction that read from it, and says why.
@@ -532,6 +549,14 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 			}
 			if err := clearDir(dir); err != nil {
 				return fmt.Errorf("extract layer %d (%s): %w", l.i, l.desc.Digest, err)
+			}
+			if l.discarded {
+				// The whole blob had come, and went, before the extraction
+				// failed: fetched again, for the daemon.
+				if err := u.fetch(ctx, u.r.client.ContentStore(), u.fetcher, l.desc, nil); err != nil {
+					return err
+				}
+				l.discarded = false
 			}
 		} else {
 			l.stream.detach()
@@ -588,6 +613,9 @@ func (u *unpacker) commit(ctx context.Context, sn snapshots.Snapshotter, l *laye
 		sn.Remove(ctx, l.key)
 	}
 	l.key = ""
+	if l.discarded {
+		return nil // no blob to label
+	}
 	info := content.Info{Digest: l.desc.Digest, Labels: map[string]string{labels.LabelUncompressed: l.diffID.String()}}
 	if _, err := u.r.client.ContentStore().Update(ctx, info, "labels."+labels.LabelUncompressed); err != nil {
 		return fmt.Errorf("label layer %s: %w", l.desc.Digest, err)

@@ -8,12 +8,16 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/images/archive"
 	"github.com/containerd/containerd/v2/pkg/labels"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -61,6 +65,17 @@ func tarLayer(t *testing.T, comp compression.Compression, entries ...entry) v1.L
 		t.Fatal(err)
 	}
 	return l
+}
+
+// canRebase says whether rt's overlayfs snapshotter can rebase, so that
+// layers are extracted in parallel (containerd ≥ 2.2).
+func canRebase(t *testing.T, rt *runtime.Runtime) bool {
+	t.Helper()
+	caps, err := rt.Client().GetSnapshotterCapabilities(withNS(context.Background(), rt.Namespace()), "overlayfs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.Contains(caps, "rebase")
 }
 
 // whiteoutLayers are three layers that exercise what an extraction must
@@ -134,14 +149,22 @@ func TestUnpackStrategiesMakeTheSameRootfs(t *testing.T) {
 			t.Fatal(err)
 		}
 		ref := reg.Host + "/unpack@" + d.String()
-		for _, mode := range []string{"", "serial", "daemon", "containerd", "containerd-parallel"} {
+		for _, mode := range []string{"", "keep", "serial", "daemon", "containerd", "containerd-parallel"} {
 			t.Run(string(comp)+"/"+mode, func(t *testing.T) {
-				t.Setenv(runtime.EnvUnpack, mode)
-				rt := testenv.Runtime(t)
+				var opts []runtime.Opt
+				if mode == "keep" {
+					opts = append(opts, runtime.WithKeepLayers(true))
+				} else {
+					t.Setenv(runtime.EnvUnpack, mode)
+				}
+				rt := testenv.Runtime(t, opts...)
 				if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
 					t.Fatal(err)
 				}
 				nsctx := withNS(ctx, rt.Namespace())
+				// The default extracts layers in parallel where the
+				// snapshotter can rebase, and then stores none it extracted.
+				direct := mode == "" && canRebase(t, rt)
 				rec, err := rt.Client().ImageService().Get(nsctx, ref)
 				if err != nil {
 					t.Fatal(err)
@@ -150,7 +173,8 @@ func TestUnpackStrategiesMakeTheSameRootfs(t *testing.T) {
 				if ok, err := cimg.IsUnpacked(nsctx, "overlayfs"); err != nil || !ok {
 					t.Fatalf("unpacked = %v, %v", ok, err)
 				}
-				// Each layer blob records the diff ID its extraction verified.
+				// Each layer blob that is stored records the diff ID its
+				// extraction verified.
 				want, err := img.ConfigFile()
 				if err != nil {
 					t.Fatal(err)
@@ -159,7 +183,16 @@ func TestUnpackStrategiesMakeTheSameRootfs(t *testing.T) {
 				for i, l := range layers {
 					ld, _ := l.Digest()
 					info, err := rt.Client().ContentStore().Info(nsctx, digestOf(ld.String()))
-					if err != nil {
+					switch {
+					case direct && i > 0 && err == nil:
+						// (Layer 0, busybox, may be on the daemon's disk from
+						// another test: then it is linked, not downloaded.)
+						t.Fatalf("layer %d was extracted here and stored too", i)
+					case direct && i > 0:
+						continue
+					case direct && errdefs.IsNotFound(err):
+						continue
+					case err != nil:
 						t.Fatal(err)
 					}
 					if got := info.Labels[labels.LabelUncompressed]; got != want.RootFS.DiffIDs[i].String() {
@@ -339,6 +372,86 @@ func TestZstdLayersWithoutDecoderBudgetAreAppliedByTheDaemon(t *testing.T) {
 				t.Error("no layer was left to the daemon, with no zstd decoder free")
 			}
 			assertRootfs(t, rt, ref)
+			assertNothingLeft(t, rt)
+		})
+	}
+}
+
+// Where layers are extracted here in parallel (containerd ≥ 2.2), a pull
+// stores none of the blobs it extracted: the image runs from its
+// snapshots, and the pull's progress counts the bytes as they come, though
+// the content store never sees them. WithKeepLayers stores every blob, as
+// does a daemon whose layers are extracted one after another.
+func TestLayersExtractedHereAreNotStored(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
+			layer, err := sandbox.RandomLayer(2 << 20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := pushImage(t, reg, "direct:1", sandbox.ImageSpec{Layers: []v1.Layer{layer}})
+			ld, _ := layer.Digest()
+			rc, _ := layer.Compressed()
+			blob, _ := io.ReadAll(rc)
+			// Served slowly, so the progress is seen half way.
+			reg.SetHook(func(w http.ResponseWriter, r *http.Request) bool {
+				if r.Method != http.MethodGet || !strings.HasSuffix(r.URL.Path, "/blobs/"+ld.String()) {
+					return false
+				}
+				w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
+				for b := blob; len(b) > 0; {
+					n := min(len(b), 64<<10)
+					w.Write(b[:n])
+					w.(http.Flusher).Flush()
+					b = b[n:]
+					time.Sleep(15 * time.Millisecond)
+				}
+				return true
+			})
+			defer reg.SetHook(nil)
+			rt := testenv.Runtime(t, runtime.WithKeepLayers(keep))
+			var mu sync.Mutex
+			var midway []runtime.Progress
+			_, err = rt.Pull(ctx, ref, runtime.PullOptions{Progress: func(p runtime.Progress) {
+				if p.Done > 0 && p.Done < p.Total {
+					mu.Lock()
+					midway = append(midway, p)
+					mu.Unlock()
+				}
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			if len(midway) == 0 {
+				t.Error("no progress was reported while the layer downloaded")
+			}
+			mu.Unlock()
+			nsctx := withNS(ctx, rt.Namespace())
+			_, err = rt.Client().ContentStore().Info(nsctx, digestOf(ld.String()))
+			direct := !keep && canRebase(t, rt)
+			t.Logf("keep %v, parallel %v: the layer's blob in the store: %v", keep, canRebase(t, rt), err == nil)
+			switch {
+			case direct && err == nil:
+				t.Error("the layer was extracted here and stored too")
+			case direct && !errdefs.IsNotFound(err):
+				t.Fatal(err)
+			case !direct && err != nil:
+				t.Errorf("the layer is not in the store: %v", err)
+			}
+			// What the blobs are kept for: an export (ctr images export)
+			// needs them.
+			err = rt.Client().Export(nsctx, io.Discard, archive.WithImage(rt.Client().ImageService(), ref))
+			t.Logf("export: %v", err)
+			if direct == (err == nil) {
+				t.Errorf("export with the layer stored %v: %v", !direct, err)
+			}
+			res, err := rt.Run(ctx, runtime.RunSpec{Image: ref, Args: []string{"/bin/sh", "-c", "cat /payload/*.bin | wc -c"}, Role: "probe", Timeout: 30 * time.Second})
+			if err != nil || strings.TrimSpace(string(res.Output)) != fmt.Sprint(2<<20) {
+				t.Fatalf("run: %v: %q", err, res.Output)
+			}
 			assertNothingLeft(t, rt)
 		})
 	}

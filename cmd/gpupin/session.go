@@ -218,6 +218,9 @@ func connect(c *cli.Context, policy *registry.Policy) (*runtime.Runtime, error) 
 	if r := lineageString(c, "runc-root"); r != "" {
 		opts = append(opts, runtime.WithRuncRoot(r))
 	}
+	if fromLineage(c, "keep-layers", (*cli.Context).Bool, func(v bool) bool { return v }) {
+		opts = append(opts, runtime.WithKeepLayers(true))
+	}
 	rt, err := runtime.Connect(c.Context, lineageString(c, "address"), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w; --address or CONTAINERD_ADDRESS names another socket", err)
