@@ -410,7 +410,7 @@ func (e *env) levers(ctx context.Context) ([]row, error) {
 		rows = append(rows, row{
 			name:   "lever: " + l.name,
 			gpupin: secs(m), ref: secs(base) + " (" + ref + ")", ratio: ratio(m, base),
-			notes: fmt.Sprintf("real files, %s, in-process registry; %s; %s", format, l.what, spread("runs", runs[k])),
+			notes: fmt.Sprintf("real files, %s, in-process registry; %s; %s", format, l.what, spread("gpupin", runs[k])),
 		})
 	}
 	return rows, nil

@@ -25,7 +25,8 @@ import (
 // layers are stored (--keep-layers, or containerd 1.6) the half of the cut
 // layer that had arrived is not fetched again either; where a layer
 // extracted here is not stored, what stays is the snapshots committed
-// before the cut, and the cut layer comes again whole.
+// before the cut, and the cut layer comes again whole, into the store: a
+// retry stores what it downloads.
 func TestFaultRegistryDiesMidPullSimulated(t *testing.T) {
 	for _, keep := range []bool{false, true} {
 		t.Run(fmt.Sprintf("keep-layers=%v", keep), func(t *testing.T) { registryDiesMidPull(t, keep) })
@@ -149,6 +150,11 @@ func registryDiesMidPull(t *testing.T, keep bool) {
 		t.Errorf("second attempt fetched %d blob bytes; the half of the cut layer that had arrived (%d bytes) was fetched again", got, victimSize/2)
 	case !stored && got != victimSize:
 		t.Errorf("second attempt fetched %d blob bytes; want the cut layer whole (%d bytes), and nothing else", got, victimSize)
+	}
+	// A retry stores what it downloads, so that a third attempt would
+	// resume where a second cut fell.
+	if _, err := cs.Info(nsCtx(rt), digestOf(victimDigest)); err != nil {
+		t.Errorf("the retry did not store the cut layer: %v", err)
 	}
 	if left := leftovers(t, rt, "overlayfs"); len(left) != 0 {
 		t.Errorf("left behind: %v", left)

@@ -62,8 +62,8 @@ func WithFIFODir(dir string) Opt { return func(r *Runtime) { r.fifoDir = dir } }
 // WithCDISpecDirs sets where CDI specs are read (default /etc/cdi, /var/run/cdi).
 func WithCDISpecDirs(dirs ...string) Opt { return func(r *Runtime) { r.cdiDirs = dirs } }
 
-// WithKeepLayers keeps every layer's compressed blob in the content store,
-// as containerd's own pull does, for ctr export, a push from the node, or a
+// WithKeepLayers stores every layer blob a pull downloads in the content
+// store, as containerd's own pull does, for ctr export, a push from the node, or a
 // pull that resumes. By default a layer this process extracted while it
 // downloaded, and verified, is not stored: a node runs from its snapshots,
 // and storing the blob costs the daemon a write, a hash and an fsync of

@@ -24,7 +24,9 @@ import (
 // size and digest itself, as the content store's commit would: nothing of
 // the layer is committed before both that and the extraction's diff ID
 // agree. It is what CRI's discard_unpacked_layers leaves, without ever
-// writing the blob. WithKeepLayers stores them all, as containerd does.
+// writing the blob. WithKeepLayers stores them all, as containerd does; so
+// does a pull that retries one that failed (retrying), since a layer not
+// stored cannot resume.
 //
 // Only where layers are extracted in parallel (unpackParallel): there a
 // stream is read from its first byte. One after another (containerd 1.6),
@@ -48,6 +50,8 @@ func (u *unpacker) fetchLayer(ctx context.Context, cs content.Store, fetcher rem
 	// daemon's own close of it.)
 	if _, err := cs.Info(ctx, l.desc.Digest); err == nil {
 		return u.fetch(ctx, cs, fetcher, l.desc, l.stream)
+	} else if !errdefs.IsNotFound(err) {
+		return fmt.Errorf("layer %s: %w", l.desc.Digest, err)
 	}
 	if st, err := cs.Status(ctx, remotes.MakeRefKey(ctx, l.desc)); err == nil && st.Offset > 0 {
 		return u.fetch(ctx, cs, fetcher, l.desc, l.stream)

@@ -33,6 +33,15 @@ func worthKeeping(err error) bool {
 	return !strings.Contains(err.Error(), "no space left on device")
 }
 
+// retrying says whether an earlier pull of ref failed and left what it
+// fetched: this attempt then stores every layer it downloads, so that a
+// third one resumes where this one is cut (a layer not stored comes again
+// whole).
+func (r *Runtime) retrying(ctx context.Context, ref string) bool {
+	ls, err := r.client.LeasesService().List(ctx, "id=="+partialLeaseID(ref))
+	return err == nil && len(ls) > 0
+}
+
 // keepPartial moves what the pull's lease holds (whole blobs, partial
 // downloads, unpacked snapshots) under a lease of its own that outlives
 // the attempt. Without it the attempt's lease is deleted, the collector

@@ -49,7 +49,8 @@ func (t *tracker) observe(_ context.Context, d ocispec.Descriptor) ([]ocispec.De
 	return nil, nil
 }
 
-// read counts n bytes of layer dg downloaded without the content store.
+// read counts n bytes of layer dg downloaded without the content store,
+// before they are verified, as an ingest's offset counts them.
 func (t *tracker) read(dg string, n int64) {
 	t.mu.Lock()
 	t.direct[dg] += n

@@ -116,7 +116,7 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 		client.WithPullLabels(labels),
 		client.WithImageHandler(images.HandlerFunc(tracker.observe)),
 		client.WithMaxConcurrentDownloads(4),
-	}, r.unpackOpts(strategy, r.newUnpacker(strategy, sr, staging, tracker))...)
+	}, r.unpackOpts(strategy, r.newUnpacker(strategy, sr, staging, tracker, r.keepLayers || r.retrying(ctx, ref)))...)
 	img, err := r.client.Pull(ctx, staging, pullOpts...)
 	stop(err == nil)
 	if err != nil && sr.refused != nil {
@@ -138,6 +138,9 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 	// removed it. Check, and unpack again under this pull's lease if so.
 	if ok, err := img.IsUnpacked(ctx, r.snapshotter); err == nil && !ok {
 		if err := img.Unpack(ctx, r.snapshotter); err != nil {
+			if errdefs.IsNotFound(err) {
+				err = fmt.Errorf("%w (a snapshot went during the pull, and the layers it extracted were not stored: the next attempt pulls again)", err)
+			}
 			return Pulled{}, fmt.Errorf("pull %s: unpack: %w", ref, err)
 		}
 	}

@@ -174,8 +174,9 @@ func (s *stream) isDetached() bool {
 	return s.detached
 }
 
-// detach drops the stream: the download goes on into the content store
-// alone, and the reader gets errDetached.
+// detach drops the stream: the reader gets errDetached, and the download
+// goes on into the content store alone (a direct one stops, and starts
+// again into the store: direct.go).
 func (s *stream) detach() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -142,14 +142,20 @@ type unpacker struct {
 	name     string // what the resolver fetches
 	tracker  *tracker
 	pending  atomic.Int64
-	fetcher  remotes.Fetcher
+	// keep stores every layer's blob: asked for (WithKeepLayers), or the
+	// pull retries one that failed, whose next attempt should resume.
+	keep bool
+	// stored turns direct downloads off for the pull's later layers, once
+	// an extraction here failed for a reason other than its stream: the
+	// same reason would make each of them a second download.
+	stored atomic.Bool
 	// zstd is the pull's share of the zstd decoders' budget, claimed by
 	// its zstd layers before they start (parallel unpack).
 	zstd *semaphore.Weighted
 }
 
-func (r *Runtime) newUnpacker(s unpackStrategy, res remotes.Resolver, name string, t *tracker) *unpacker {
-	return &unpacker{r: r, strategy: s, resolver: res, name: name, tracker: t, zstd: semaphore.NewWeighted(zstdWindowBudget)}
+func (r *Runtime) newUnpacker(s unpackStrategy, res remotes.Resolver, name string, t *tracker, keep bool) *unpacker {
+	return &unpacker{r: r, strategy: s, resolver: res, name: name, tracker: t, keep: keep, zstd: semaphore.NewWeighted(zstdWindowBudget)}
 }
 
 // wrap takes a manifest's layers out of its children, so that containerd's
@@ -214,13 +220,15 @@ type layer struct {
 	exists bool // the snapshot was there already
 
 	stream   *stream
-	zstd     *zstdSlot     // its claim on the pull's zstd decoders, nil when none
-	direct   bool          // downloaded to its stream alone, not stored (direct.go)
+	zstd     *zstdSlot // its claim on the pull's zstd decoders, nil when none
+	direct   bool      // downloaded to its stream alone, not stored (direct.go)
+	fetcher  remotes.Fetcher
 	started  bool          // its download was started
 	fetched  chan struct{} // closed when the download ended
 	fetchErr error
 	// discarded says the download verified the blob and did not store it;
-	// set before fetched is closed.
+	// set before fetched is closed, and cleared by the extraction once it
+	// fetched the blob again for the daemon.
 	discarded bool
 	ready     chan struct{} // closed when extracted (or failed)
 	err       error
@@ -245,11 +253,10 @@ func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs 
 	if err != nil {
 		return fmt.Errorf("fetcher: %w", err)
 	}
-	u.fetcher = fetcher
 	chain := identity.ChainIDs(slices.Clone(cfg.RootFS.DiffIDs))
 	layers := make([]*layer, len(descs))
 	for i, d := range descs {
-		l := &layer{i: i, desc: d, diffID: cfg.RootFS.DiffIDs[i], chainID: chain[i],
+		l := &layer{i: i, desc: d, diffID: cfg.RootFS.DiffIDs[i], chainID: chain[i], fetcher: fetcher,
 			fetched: make(chan struct{}), ready: make(chan struct{})}
 		if i > 0 {
 			l.parent = chain[i-1]
@@ -283,11 +290,12 @@ func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs 
 	var wg sync.WaitGroup
 	defer func() {
 		// On failure nothing half-made stays: extraction snapshots go
-		// (downloads keep what they wrote, for keepPartial).
+		// (downloads into the store keep what they wrote, for keepPartial;
+		// a direct download stops with the context).
 		cancel()
 		for _, l := range layers {
 			if l.stream != nil {
-				l.stream.detach() // a download waiting on a reader that is gone goes on
+				l.stream.detach() // a download waiting on a reader that is gone goes on, or stops
 			}
 		}
 		wg.Wait()
@@ -299,7 +307,8 @@ func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs 
 	}()
 
 	// Downloads: every layer whose snapshot is missing, unpackLayers at a
-	// time, in order, each teeing into its stream when it has one.
+	// time, in order, each into its stream when it has one (and into the
+	// store, unless direct).
 	dlSem := semaphore.NewWeighted(unpackLayers)
 	startFetch := func(l *layer) {
 		l.started = true
@@ -360,7 +369,7 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 			}
 			// Its stream is read from the first byte: it can be all the
 			// download writes to.
-			l.direct = ok && streamable(l.desc.MediaType) && !u.r.keepLayers
+			l.direct = ok && streamable(l.desc.MediaType) && !u.keep && !u.stored.Load()
 		}
 		startFetch(l)
 		wg.Add(1)
@@ -546,17 +555,10 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 			tracef("layer %d: extraction here failed (%v); the daemon applies it", l.i, err)
 			if !errors.Is(err, errDetached) { // a blob found in the store is applied from there, as it should be
 				fallbacks.Add(1)
+				u.stored.Store(true)
 			}
 			if err := clearDir(dir); err != nil {
 				return fmt.Errorf("extract layer %d (%s): %w", l.i, l.desc.Digest, err)
-			}
-			if l.discarded {
-				// The whole blob had come, and went, before the extraction
-				// failed: fetched again, for the daemon.
-				if err := u.fetch(ctx, u.r.client.ContentStore(), u.fetcher, l.desc, nil); err != nil {
-					return err
-				}
-				l.discarded = false
 			}
 		} else {
 			l.stream.detach()
@@ -565,6 +567,15 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 	l.zstd.release()
 	if err := l.waitFetched(ctx); err != nil {
 		return err
+	}
+	if l.discarded {
+		// The whole blob had come, been verified and gone before this
+		// extraction gave up: fetched again, for the daemon.
+		u.tracker.restart(l.desc.Digest.String())
+		if err := u.fetch(ctx, u.r.client.ContentStore(), l.fetcher, l.desc, nil); err != nil {
+			return fmt.Errorf("extract layer %d (%s): %w", l.i, l.desc.Digest, err)
+		}
+		l.discarded = false
 	}
 	mounts := l.mounts
 	if parallelChild {

@@ -36,7 +36,7 @@ func runtimeFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringSliceFlag{Name: "cdi-spec-dir", Value: cli.NewStringSlice("/etc/cdi", "/var/run/cdi"), Usage: "where CDI specs are read"},
 		&cli.StringFlag{Name: "runc-root", Usage: "runc's state directory (default: runc's own)", Hidden: true},
-		&cli.BoolFlag{Name: "keep-layers", EnvVars: []string{"GPUPIN_KEEP_LAYERS"}, Usage: "keep every layer's compressed blob in containerd's content store, as ctr pull does (for ctr export, a push from the node, a pull that resumes); by default a layer gpupin extracted itself, and verified, is not stored: the node runs from its snapshots"},
+		&cli.BoolFlag{Name: "keep-layers", EnvVars: []string{"GPUPIN_KEEP_LAYERS"}, Usage: "store every layer blob gpupin downloads in containerd's content store, as ctr pull does (for ctr export, a push from the node, a pull that resumes); by default a layer gpupin extracted itself, and verified, is not stored: the node runs from its snapshots"},
 	}
 }
 
