@@ -434,6 +434,12 @@ func (l *Loop) launch(ctx context.Context, now time.Time, results chan<- loopRes
 		}
 		rctx, cancel := context.WithCancel(ctx)
 		e.running = &loopRun{gen: e.gen, cancel: cancel}
+		if e.status.State == Pending {
+			// It holds a slot now: not waiting for one, nor for its pass,
+			// until the provision says what it does (it says resolving
+			// only where a registry is asked).
+			e.status.Detail, e.status.At = "started: reading the node and the pins", now
+		}
 		w := e.want
 		key, gen := keys[e], e.gen
 		l.inFlight++
