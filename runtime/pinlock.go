@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/leases"
@@ -31,19 +32,30 @@ func (r *Runtime) lockPinKey(ctx context.Context, key string) (func(), error) {
 	ls := r.client.LeasesService()
 	id := pinLockID(key)
 	nonce := rand.Text()
+	// Known from before the request: a holding whose answer has not come
+	// yet is this process's too, and never taken for an orphan.
+	holding.Store(nonce, true)
 	for {
 		_, err := ls.Create(ctx, leases.WithID(id), leases.WithExpiration(pinLockTTL),
 			leases.WithLabels(map[string]string{LabelManaged: "true", LabelOwner: owner, LabelRole: "pin-lock", labelLockNonce: nonce}))
 		if err == nil {
-			return func() { releasePinLock(context.WithoutCancel(ctx), ls, id, nonce) }, nil
+			return func() {
+				releasePinLock(context.WithoutCancel(ctx), ls, id, nonce)
+				holding.Delete(nonce)
+			}, nil
 		}
 		if !errdefs.IsAlreadyExists(err) {
+			// The daemon may still create it after this call gave up (a
+			// deadline): such a lock is this process's, with a nonce no
+			// call holds, and the next caller breaks it.
+			holding.Delete(nonce)
+			releasePinLock(context.WithoutCancel(ctx), ls, id, nonce)
 			return nil, fmt.Errorf("lock pin %s: %w", key, err)
 		}
-		// Held: by a live pin step, or left by a dead one. Only a holder
-		// seen dead loses it; a live one, however slow, keeps it.
-		if held, err := ls.List(ctx, fmt.Sprintf("id==%q", id)); err == nil && len(held) == 1 &&
-			!ownerAlive(held[0].Labels[LabelOwner]) {
+		// Held: by a live pin step, or left by a dead one, or by a call of
+		// this process that gave up before its lock was made. Only those
+		// last two lose it; a live holder, however slow, keeps it.
+		if held, err := ls.List(ctx, fmt.Sprintf("id==%q", id)); err == nil && len(held) == 1 && orphaned(held[0].Labels) {
 			releasePinLock(ctx, ls, id, held[0].Labels[labelLockNonce])
 			continue
 		}
@@ -53,6 +65,21 @@ func (r *Runtime) lockPinKey(ctx context.Context, key string) (func(), error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// holding holds the nonces of this process's pin locks, held or being
+// asked for.
+var holding sync.Map
+
+// orphaned says whether a pin lock's holder is gone: its process died, or
+// it is this process and no call of it holds that nonce.
+func orphaned(labels map[string]string) bool {
+	o := labels[LabelOwner]
+	if o == owner {
+		_, held := holding.Load(labels[labelLockNonce])
+		return !held
+	}
+	return !ownerAlive(o)
 }
 
 // pinLockID names key's lock lease.

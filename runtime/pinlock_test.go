@@ -13,7 +13,8 @@ import (
 	"github.com/gpupin/gpupin/runtime"
 )
 
-// holdPinLock makes key's pin lock lease as a holder labelled owner would.
+// holdPinLock makes key's pin lock lease as a holder labelled owner would
+// (another live process: the test's parent, go test).
 func holdPinLock(t *testing.T, w *pinWorld, key, owner string) leases.Lease {
 	t.Helper()
 	l, err := w.rt.Client().LeasesService().Create(w.nsctx(), leases.WithID(runtime.PinLockID(key)),
@@ -44,7 +45,7 @@ func TestPinLock(t *testing.T) {
 	})
 
 	t.Run("a live holder keeps it", func(t *testing.T) {
-		l := holdPinLock(t, w, "eng:1", runtime.OwnerOf(os.Getpid()))
+		l := holdPinLock(t, w, "eng:1", runtime.OwnerOf(os.Getppid()))
 		defer w.rt.Client().LeasesService().Delete(w.nsctx(), l)
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
@@ -56,8 +57,24 @@ func TestPinLock(t *testing.T) {
 		}
 	})
 
+	// A lock request that gave up (its deadline) may still be made by the
+	// daemon after: owned by this live process, it holds no call's nonce,
+	// and the next pin step breaks it rather than wait for its expiry.
+	t.Run("this process's orphan is broken", func(t *testing.T) {
+		holdPinLock(t, w, "eng:1", runtime.OwnerOf(os.Getpid()))
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		unlock, err := w.rt.LockPinKey(cctx, "eng:1")
+		if err != nil {
+			t.Fatalf("lock left by a request of this process that gave up: %v", err)
+		}
+		unlock()
+	})
+
 	t.Run("letting go frees only one's own holding", func(t *testing.T) {
-		unlock, err := w.rt.LockPinKey(ctx, "eng:1")
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		unlock, err := w.rt.LockPinKey(cctx, "eng:1")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +84,7 @@ func TestPinLock(t *testing.T) {
 		if err := ls.Delete(w.nsctx(), leases.Lease{ID: runtime.PinLockID("eng:1")}); err != nil {
 			t.Fatal(err)
 		}
-		other := holdPinLock(t, w, "eng:1", runtime.OwnerOf(os.Getpid()))
+		other := holdPinLock(t, w, "eng:1", runtime.OwnerOf(os.Getppid()))
 		unlock()
 		held, err := ls.List(w.nsctx(), `id=="`+other.ID+`"`)
 		if err != nil || len(held) != 1 {
@@ -88,7 +105,7 @@ func TestPinsListedWhenARepairWaits(t *testing.T) {
 	if err := w.rt.Client().ImageService().Delete(w.nsctx(), w.refs[0], images.SynchronousDelete()); err != nil {
 		t.Fatal(err)
 	}
-	l := holdPinLock(t, w, "eng:1", runtime.OwnerOf(os.Getpid()))
+	l := holdPinLock(t, w, "eng:1", runtime.OwnerOf(os.Getppid()))
 	pins, err := w.rt.Pins(ctx)
 	if err != nil {
 		t.Fatalf("Pins with one key's repair waiting: %v", err)
