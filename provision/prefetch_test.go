@@ -41,19 +41,19 @@ func TestProvisionSimulatedPrefetchesTheFallback(t *testing.T) {
 	fallback := cu129
 	fallback.Layers = []v1.Layer{l129}
 	// atPull counts, when the fallback's pull begins, how often its layer
-	// was fetched already.
-	atPull := func(reg **sandbox.Registry, n *int) provision.Option {
+	// d was fetched already.
+	atPull := func(reg **sandbox.Registry, n *int, d v1.Hash) provision.Option {
 		*n = -1
 		return provision.WithOnState(func(st provision.Status) {
 			if st.State == provision.Pulling && st.Attempted == "cu129" && *n < 0 {
-				*n = blobGETs(*reg, d129)
+				*n = blobGETs(*reg, d)
 			}
 		})
 	}
 	t.Run("fallback", func(t *testing.T) {
 		var reg *sandbox.Registry
 		var before int
-		e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{bad, fallback}, provision.WithPrefetch(1<<30), atPull(&reg, &before))
+		e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{bad, fallback}, provision.WithPrefetch(1<<30), atPull(&reg, &before, d129))
 		reg = e.reg
 		e.reg.Reset()
 		st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
@@ -92,12 +92,7 @@ func TestProvisionSimulatedPrefetchesTheFallback(t *testing.T) {
 		fallback.Layers = []v1.Layer{l129}
 		var reg *sandbox.Registry
 		var before int
-		e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{bad, fallback}, provision.WithPrefetch(1), provision.WithOnState(func(st provision.Status) {
-			if st.State == provision.Pulling && st.Attempted == "cu129" && before < 0 {
-				before = blobGETs(reg, d129)
-			}
-		}))
-		before = -1
+		e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{bad, fallback}, provision.WithPrefetch(1), atPull(&reg, &before, d129))
 		reg = e.reg
 		e.reg.Reset()
 		st := e.p.Provision(ctx, provision.Want{Ref: e.ref})

@@ -25,7 +25,7 @@ import (
 // the layer is committed before both that and the extraction's diff ID
 // agree. It is what CRI's discard_unpacked_layers leaves, without ever
 // writing the blob. WithKeepLayers stores them all, as containerd does; so
-// does a pull that retries one that failed (retrying), since a layer not
+// does a pull that retries one that failed (storeLayers), since a layer not
 // stored cannot resume.
 //
 // Only where layers are extracted in parallel (unpackParallel): there a
@@ -73,8 +73,8 @@ func (u *unpacker) fetchLayer(ctx context.Context, cs content.Store, fetcher rem
 // against the descriptor; errDetached once the stream is dropped.
 func (u *unpacker) fetchDirect(ctx context.Context, fetcher remotes.Fetcher, l *layer) error {
 	desc := l.desc
-	if desc.Size <= 0 {
-		return fmt.Errorf("layer %s reports a size of %d: %w", desc.Digest, desc.Size, errdefs.ErrInvalidArgument)
+	if err := checkLayerDesc(desc); err != nil {
+		return err
 	}
 	if err := desc.Digest.Validate(); err != nil {
 		return fmt.Errorf("layer %s: %w: %v", desc.Digest, errdefs.ErrInvalidArgument, err)

@@ -33,11 +33,15 @@ func worthKeeping(err error) bool {
 	return !strings.Contains(err.Error(), "no space left on device")
 }
 
-// retrying says whether an earlier pull of ref failed and left what it
-// fetched: this attempt then stores every layer it downloads, so that a
-// third one resumes where this one is cut (a layer not stored comes again
-// whole).
-func (r *Runtime) retrying(ctx context.Context, ref string) bool {
+// storeLayers says whether a pull of ref stores every layer it downloads:
+// asked for (WithKeepLayers), or retrying a pull that failed and left what
+// it fetched, so that a third attempt resumes where this one is cut (a
+// layer not stored comes again whole). The daemon is asked only where a
+// layer could go unstored (direct.go).
+func (r *Runtime) storeLayers(ctx context.Context, s unpackStrategy, ref string) bool {
+	if r.keepLayers || s.containerd || !s.parallel || !s.local {
+		return true
+	}
 	ls, err := r.client.LeasesService().List(ctx, "id=="+partialLeaseID(ref))
 	return err == nil && len(ls) > 0
 }

@@ -33,15 +33,22 @@ func TestPinLock(t *testing.T) {
 	w := newPinWorld(t)
 	ctx := context.Background()
 
-	t.Run("a dead holder's lock is broken at once", func(t *testing.T) {
-		holdPinLock(t, w, "eng:1", deadOwner(t))
+	// lockSoon takes key's lock within 10 s (a lock that is not broken
+	// would be waited for until then) and lets go.
+	lockSoon := func(t *testing.T, key, left string) {
+		t.Helper()
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		unlock, err := w.rt.LockPinKey(cctx, "eng:1")
+		unlock, err := w.rt.LockPinKey(cctx, key)
 		if err != nil {
-			t.Fatalf("lock left by a dead process: %v", err)
+			t.Fatalf("lock left by %s: %v", left, err)
 		}
 		unlock()
+	}
+
+	t.Run("a dead holder's lock is broken at once", func(t *testing.T) {
+		holdPinLock(t, w, "eng:1", deadOwner(t))
+		lockSoon(t, "eng:1", "a dead process")
 	})
 
 	t.Run("a live holder keeps it", func(t *testing.T) {
@@ -62,13 +69,7 @@ func TestPinLock(t *testing.T) {
 	// and the next pin step breaks it rather than wait for its expiry.
 	t.Run("this process's orphan is broken", func(t *testing.T) {
 		holdPinLock(t, w, "eng:1", runtime.OwnerOf(os.Getpid()))
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		unlock, err := w.rt.LockPinKey(cctx, "eng:1")
-		if err != nil {
-			t.Fatalf("lock left by a request of this process that gave up: %v", err)
-		}
-		unlock()
+		lockSoon(t, "eng:1", "a request of this process that gave up")
 	})
 
 	t.Run("letting go frees only one's own holding", func(t *testing.T) {

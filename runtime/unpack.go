@@ -491,8 +491,8 @@ func (u *unpacker) fetch(ctx context.Context, cs content.Store, fetcher remotes.
 	if err != nil {
 		return fmt.Errorf("layer %s: %w", desc.Digest, err)
 	}
-	if desc.Size <= 0 {
-		return fmt.Errorf("layer %s reports a size of %d: %w", desc.Digest, desc.Size, errdefs.ErrInvalidArgument)
+	if err := checkLayerDesc(desc); err != nil {
+		return err
 	}
 	if ws.Offset > 0 && s != nil {
 		s.detach() // the stream would miss the first bytes
@@ -514,6 +514,15 @@ func (u *unpacker) fetch(ctx context.Context, cs content.Store, fetcher remotes.
 	}
 	if err := content.Copy(ctx, cw, r, desc.Size, desc.Digest); err != nil {
 		return fmt.Errorf("layer %s: %w", desc.Digest, err)
+	}
+	return nil
+}
+
+// checkLayerDesc refuses a layer whose manifest gives it no size: nothing
+// could tell its body complete.
+func checkLayerDesc(desc ocispec.Descriptor) error {
+	if desc.Size <= 0 {
+		return fmt.Errorf("layer %s reports a size of %d: %w", desc.Digest, desc.Size, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
