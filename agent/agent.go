@@ -107,6 +107,9 @@ type Agent struct {
 	cfgData  []byte
 	apiWants []provision.Want // nil: the file's wants hold
 	fileOv   map[string]string
+	// clusterOv are the overrides the fleet layer resolved from the
+	// Kubernetes API (package fleet): over the files', per engine.
+	clusterOv map[string]string
 
 	features *FeatureFile // nil: no NFD feature file
 	goneMu   sync.Mutex
@@ -320,6 +323,7 @@ func (a *Agent) apply() error {
 		ov = map[string]string{}
 	}
 	maps.Copy(ov, a.fileOv)
+	maps.Copy(ov, a.clusterOv)
 	if err := a.loop.SetOverrides(ov); err != nil {
 		return fmt.Errorf("overrides: %w", err)
 	}
@@ -394,6 +398,38 @@ func (a *Agent) SetOverride(engine, value string) (OverrideSet, error) {
 	}
 	named := a.loop.Engines()
 	return OverrideSet{Override: o, Wanted: slices.Contains(named, engine), Named: named, Unnamed: a.loop.Unnamed()}, nil
+}
+
+// SetClusterOverrides replaces the overrides that come from the cluster
+// (package fleet resolves them from EngineOverride objects): per engine,
+// they win over the config's and the overrides file's, and an engine they
+// no longer name falls back to those. A bad value changes nothing.
+func (a *Agent) SetClusterOverrides(m map[string]string) error {
+	for engine, v := range m {
+		if !images.ValidEngineName(engine) {
+			return &InputError{fmt.Errorf("%q is not an engine name", engine)}
+		}
+		if _, err := images.ParseOverride(v); err != nil {
+			return &InputError{fmt.Errorf("engine %s: %w", engine, err)}
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.clusterOv = maps.Clone(m)
+	return a.apply()
+}
+
+// FileOverrides are the overrides of the config and the overrides file,
+// before the cluster's: what an engine falls back to.
+func (a *Agent) FileOverrides() map[string]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ov := maps.Clone(a.cfg.Overrides)
+	if ov == nil {
+		ov = map[string]string{}
+	}
+	maps.Copy(ov, a.fileOv)
+	return ov
 }
 
 // Status is the latest status of every wanted engine.

@@ -8,7 +8,9 @@
 #   go install, cached under $GPUPIN_TOOLS (default /var/tmp/gpupin-tools):
 #         containerd v2.4.2 with its shim and ctr (the suite's second daemon),
 #         crictl v1.34.0 (the CRI tests), staticcheck v0.8.2 (make test) and
-#         nfd-worker v0.17.3 (scripts/nfd-worker.sh: the NFD feature-file test).
+#         nfd-worker v0.17.3 (scripts/nfd-worker.sh: the NFD feature-file test),
+#         etcd v3.6.16 and kube-apiserver v1.37.2 (scripts/kube-tools.sh: the
+#         fleet tests' control plane).
 # The Go tools come through the Go module proxy; each is rebuilt only when
 # the cached binary is missing or says another version (go version -m).
 set -euo pipefail
@@ -114,4 +116,7 @@ go_has "$TOOLS/staticcheck" honnef.co/go/tools "$STATICCHECK_VERSION" ||
 # nfd-worker reads the agent's NFD feature file in a test; it needs a build
 # of its own (scripts/nfd-worker.sh says why).
 GPUPIN_TOOLS="$TOOLS" "$(dirname "$0")/nfd-worker.sh"
+# etcd and kube-apiserver for the fleet tests (internal/kubetest): about 5
+# minutes once on 2 cores (23 under other builds' load), then cached.
+GPUPIN_TOOLS="$TOOLS" "$(dirname "$0")/kube-tools.sh"
 exit 0

@@ -1,0 +1,270 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/provision"
+)
+
+// StatusWriter keeps the node's GPUPinNode status: on every Kick (a
+// state change, new choices) and every Every it writes what Build makes,
+// coalescing bursts; a failed write is retried with backoff, so the
+// status catches up once the API answers again.
+type StatusWriter struct {
+	Dyn      dynamic.Interface
+	NodeName string
+	Build    func(ctx context.Context) NodeStatus
+	// Every rewrites the status even without a change (facts a driver
+	// upgrade changed); default a minute.
+	Every  time.Duration
+	Logger *slog.Logger
+
+	kick   chan struct{}
+	once   sync.Once
+	writes int
+	mu     sync.Mutex
+}
+
+func (s *StatusWriter) init() {
+	s.once.Do(func() { s.kick = make(chan struct{}, 1) })
+}
+
+// Kick asks for a write soon.
+func (s *StatusWriter) Kick() {
+	s.init()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Writes counts the successful writes.
+func (s *StatusWriter) Writes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.writes
+}
+
+// Run writes until ctx ends.
+func (s *StatusWriter) Run(ctx context.Context) {
+	s.init()
+	if s.Every == 0 {
+		s.Every = time.Minute
+	}
+	if s.Logger == nil {
+		s.Logger = slog.Default()
+	}
+	tick := time.NewTicker(s.Every)
+	defer tick.Stop()
+	backoff := time.Duration(0)
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.kick:
+			// A burst of changes (pulling, probing, ready) is one write.
+			select {
+			case <-time.After(50 * time.Millisecond):
+			case <-ctx.Done():
+				return
+			}
+		case <-tick.C:
+		case <-retry:
+		}
+		retry = nil
+		if err := s.write(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			backoff = min(max(2*backoff, 500*time.Millisecond), 30*time.Second)
+			s.Logger.Warn("GPUPinNode status not written; retrying", "node", s.NodeName, "in", backoff.String(), "err", err)
+			retry = time.After(backoff)
+			continue
+		}
+		backoff = 0
+	}
+}
+
+func (s *StatusWriter) write(ctx context.Context) error {
+	st := s.Build(ctx)
+	r := s.Dyn.Resource(GPUPinNodes)
+	cur, err := r.Get(ctx, s.NodeName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		obj := &unstructured.Unstructured{}
+		obj.SetAPIVersion(Group + "/" + Version)
+		obj.SetKind("GPUPinNode")
+		obj.SetName(s.NodeName)
+		cur, err = r.Create(ctx, obj, metav1.CreateOptions{FieldManager: "gpupin-agent"})
+	}
+	if err != nil {
+		return fmt.Errorf("GPUPinNode %s: %w", s.NodeName, err)
+	}
+	m, err := toUnstructured(&GPUPinNode{Status: st})
+	if err != nil {
+		return err
+	}
+	cur.Object["status"] = m.Object["status"]
+	if _, err := r.UpdateStatus(ctx, cur, metav1.UpdateOptions{FieldManager: "gpupin-agent"}); err != nil {
+		if apierrors.IsConflict(err) {
+			return errors.New("conflict; writing again")
+		}
+		return fmt.Errorf("GPUPinNode %s status: %w", s.NodeName, err)
+	}
+	s.mu.Lock()
+	s.writes++
+	s.mu.Unlock()
+	return nil
+}
+
+// BuildStatus makes a node's status from the agent's engine statuses,
+// the node's facts (nil when unread), the cluster's choices and the
+// overrides of the node's own files; lastFailure carries each key's last
+// failure over a later success.
+func BuildStatus(sts []provision.Status, facts *node.Facts, ch Choices, fileOv map[string]string, lastFailure map[string]*Failure) NodeStatus {
+	ns := NodeStatus{UpdatedAt: metav1.Now()}
+	if facts != nil {
+		ns.Driver, ns.CUDA, ns.Simulated, ns.Unsupported = facts.Driver, facts.CUDA, facts.Simulated, facts.Unsupported
+		for _, g := range facts.GPUs {
+			ns.GPUs = append(ns.GPUs, g.Name)
+		}
+	}
+	sort.Slice(sts, func(i, j int) bool { return sts[i].Key < sts[j].Key })
+	ready := 0
+	var sum []string
+	for _, st := range sts {
+		es := EngineStatus{Key: st.Key, Engine: st.Engine, Version: st.Version, State: string(st.State), Override: st.Override,
+			Attempted: st.Attempted, Variant: st.Variant, Pinned: st.Pinned, Simulated: st.Simulated, Detail: clip(st.Detail, 1024),
+			At: metav1.NewTime(st.At)}
+		switch {
+		case ch.Sources[st.Engine] != "":
+			es.OverrideSource = ch.Sources[st.Engine]
+		case fileOv[st.Engine] != "":
+			es.OverrideSource = "the node's overrides file"
+		default:
+			es.OverrideSource = "default"
+		}
+		if st.Pin != nil && !st.Pin.ProbedAt.IsZero() {
+			t := metav1.NewTime(st.Pin.ProbedAt)
+			es.ProvedAt = &t
+		}
+		for _, r := range st.Rejected {
+			es.Rejections = append(es.Rejections, Rejection{Variant: r.Variant, Reason: r.Reason})
+		}
+		if st.State == provision.Failed {
+			lastFailure[st.Key] = &Failure{Reason: FailureReason(st), Message: clip(st.Detail, 1024), Variant: st.Attempted,
+				At: metav1.NewTime(st.At), Simulated: st.Simulated}
+		}
+		es.LastFailure = lastFailure[st.Key]
+		if st.State == provision.Ready {
+			ready++
+		}
+		w := st.Key + "=" + string(st.State)
+		if st.Variant != "" {
+			w += "/" + st.Variant
+		}
+		sum = append(sum, w)
+		ns.Engines = append(ns.Engines, es)
+	}
+	ns.Ready = fmt.Sprintf("%d/%d", ready, len(sts))
+	ns.Summary = strings.Join(sum, " ")
+	ns.OverrideRejections = ch.Rejections
+	return ns
+}
+
+// FailureReason classes a failed status in a word, for the fleet matrix
+// and Events: what failed (the stage of the last attempt) or why nothing
+// was tried.
+func FailureReason(st provision.Status) string {
+	switch {
+	case errors.Is(st.Err, provision.ErrNoCandidate):
+		return "NoCandidate"
+	case errors.Is(st.Err, provision.ErrConflict):
+		return "Conflict"
+	case errors.Is(st.Err, provision.ErrInvalidWant):
+		return "InvalidWant"
+	}
+	if n := len(st.Attempts); n > 0 {
+		switch st.Attempts[n-1].Stage {
+		case "pull":
+			return "PullFailed"
+		case "probe":
+			return "ProbeFailed"
+		case "pin":
+			return "PinFailed"
+		}
+	}
+	if len(st.Attempts) == 0 && len(st.Rejected) > 0 {
+		return "NoCandidate"
+	}
+	return "Failed"
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// NodeRef is the reference Events about a Node carry. kubelet names a
+// Node's UID by its name in its Events, and `kubectl describe node` looks
+// for exactly that.
+func NodeRef(name string) *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: name, UID: types.UID(name)}
+}
+
+// stateEvent is the Event for an engine's new state; ok false for the
+// states on the way (pending, resolving, pulling, probing).
+func stateEvent(st provision.Status, source string) (eventType, reason, msg string, ok bool) {
+	sim := ""
+	if st.Simulated {
+		sim = " (SIMULATED)"
+	}
+	from := ""
+	if st.Override != "" && st.Override != "auto" {
+		from = fmt.Sprintf("; override %s from %s", st.Override, source)
+	}
+	switch st.State {
+	case provision.Ready:
+		return corev1.EventTypeNormal, "EngineReady", fmt.Sprintf("%s: %s proved and pinned as %s%s%s", st.Key, st.Variant, st.Pinned, sim, from), true
+	case provision.Failed:
+		return corev1.EventTypeWarning, "Engine" + FailureReason(st), fmt.Sprintf("%s: %s%s%s", st.Key, clip(st.Detail, 512), sim, from), true
+	case provision.Disabled:
+		return corev1.EventTypeNormal, "EngineDisabled", fmt.Sprintf("%s: none on this node%s", st.Key, from), true
+	case provision.Unsupported:
+		return corev1.EventTypeWarning, "EngineUnsupported", fmt.Sprintf("%s: %s", st.Key, clip(st.Detail, 512)), true
+	}
+	return "", "", "", false
+}
+
+// recordState records st's Event on the Node when its state or variant
+// changed since the last one recorded for its key.
+func recordState(rec record.EventRecorder, nodeName string, last map[string]string, st provision.Status, source string) {
+	typ, reason, msg, ok := stateEvent(st, source)
+	if !ok {
+		return
+	}
+	sig := reason + "/" + st.Variant + "/" + st.Attempted
+	if last[st.Key] == sig {
+		return
+	}
+	last[st.Key] = sig
+	rec.Event(NodeRef(nodeName), typ, reason, msg)
+}
