@@ -17,14 +17,17 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	runtimeconv "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/gpupin/gpupin/fleet"
+	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/kubetest"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
+	"github.com/gpupin/gpupin/runtime"
 )
 
 var cluster *kubetest.Cluster
@@ -375,4 +378,125 @@ func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// The node's GPUPinNode carries each engine's state, variant, digest,
+// proof time, override source and last failure, and the Node gets an
+// Event per state change.
+func TestStatusAndEventsSimulated(t *testing.T) {
+	needCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dyn, admin := clients(t, cluster.Admin())
+	mkNode(t, admin, "node-b", nil)
+	admDyn := dyn.Resource(fleet.GPUPinNodes)
+	admDyn.Delete(ctx, "node-b", metav1.DeleteOptions{})
+	a := newFakeAgent()
+	n := startNode(t, ctx, "gpupin:agent:node-b", "node-b", "", a)
+	now := time.Now()
+	ready := provision.Status{Key: "vllm:0.11.0", Engine: "vllm", Version: "0.11.0", State: provision.Ready, Override: "auto",
+		Variant: "cu129", Pinned: "reg.example/vllm@sha256:" + strings.Repeat("a", 64), Simulated: true, At: now,
+		Pin:      &runtime.Pin{ProbedAt: now},
+		Rejected: []images.Rejection{{Variant: "cu13", Reason: "driver 575.57 supports CUDA 12.9; cu13 needs 13.0"}}}
+	failed := provision.Status{Key: "sglang:0.5.0", Engine: "sglang", Version: "0.5.0", State: provision.Failed, Override: "none",
+		Attempted: "cu129", Detail: "probe failed: no GPUPIN-PROBE line", Simulated: true, At: now, Err: provision.ErrAllFailed,
+		Attempts: []provision.Attempt{{Variant: "cu129", Stage: "probe", Reason: "no GPUPIN-PROBE line"}}}
+	a.mu.Lock()
+	a.sts = []provision.Status{ready, failed}
+	a.mu.Unlock()
+	n.StatusChanged(ready)
+	n.StatusChanged(failed)
+	var got fleet.GPUPinNode
+	waitFor(t, 5*time.Second, "node-b's status with both engines", func() bool {
+		u, err := admDyn.Get(ctx, "node-b", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		got = fleet.GPUPinNode{}
+		if err := runtimeconv.DefaultUnstructuredConverter.FromUnstructured(u.Object, &got); err != nil {
+			t.Fatal(err)
+		}
+		return len(got.Status.Engines) == 2
+	})
+	s := got.Status
+	if s.Driver != "575.57.08" || s.CUDA != "12.9" || !s.Simulated || len(s.GPUs) != 1 || s.GPUs[0] != "NVIDIA A10" || s.Ready != "1/2" {
+		t.Fatalf("node facts: %+v", s)
+	}
+	if !strings.Contains(s.Summary, "vllm:0.11.0=ready/cu129") || !strings.Contains(s.Summary, "sglang:0.5.0=failed") {
+		t.Fatalf("summary %q", s.Summary)
+	}
+	byKey := map[string]fleet.EngineStatus{}
+	for _, e := range s.Engines {
+		byKey[e.Key] = e
+	}
+	v, sg := byKey["vllm:0.11.0"], byKey["sglang:0.5.0"]
+	if v.Variant != "cu129" || v.Pinned != ready.Pinned || v.ProvedAt == nil || len(v.Rejections) != 1 || v.OverrideSource != "default" {
+		t.Fatalf("vllm: %+v", v)
+	}
+	if sg.LastFailure == nil || sg.LastFailure.Reason != "ProbeFailed" || sg.OverrideSource != "the node's overrides file" {
+		t.Fatalf("sglang: %+v (failure %+v)", sg, sg.LastFailure)
+	}
+	for _, reason := range []string{"EngineReady", "EngineProbeFailed"} {
+		waitFor(t, 5*time.Second, reason+" Event on node-b", func() bool {
+			evs, err := admin.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,involvedObject.name=node-b,involvedObject.uid=node-b,reason=" + reason})
+			return err == nil && len(evs.Items) == 1
+		})
+	}
+}
+
+// An API outage changes nothing on the node: the running agent keeps its
+// choices, an agent restarted meanwhile gets them from the node's cache
+// file before its first provision, and both catch up once the API is back.
+func TestOutageKeepsChoicesAndCatchesUp(t *testing.T) {
+	needCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dyn, admin := clients(t, cluster.Admin())
+	mkNode(t, admin, "node-a", nil)
+	eo := dyn.Resource(fleet.EngineOverrides)
+	eo.Delete(ctx, "outage", metav1.DeleteOptions{})
+	cache := filepath.Join(t.TempDir(), "cluster-overrides.json")
+	a := newFakeAgent()
+	startNode(t, ctx, "gpupin:agent:node-a", "node-a", cache, a)
+	if _, err := eo.Create(ctx, override("outage", "vllm", "cu129", "", nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a.await(t, "vllm", "cu129", 2*time.Second)
+
+	cluster.StopAPIServer()
+	restarted := false
+	defer func() {
+		if !restarted {
+			cluster.StartAPIServer()
+		}
+	}()
+	time.Sleep(2 * time.Second)
+	if got := a.get("vllm"); got != "cu129" {
+		t.Fatalf("during the outage the choice became %q", got)
+	}
+	// A restarted agent: the API does not answer within SyncTimeout.
+	b := newFakeAgent()
+	startNode(t, ctx, "gpupin:agent:node-a", "node-a", cache, b)
+	if got := b.get("vllm"); got != "cu129" {
+		t.Fatalf("an agent started during the outage has %q, want the cached cu129", got)
+	}
+
+	if err := cluster.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	back := time.Now()
+	u, err := eo.Get(ctx, "outage", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unstructured.SetNestedField(u.Object, "cu13", "spec", "choice")
+	if _, err := eo.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The informers' reconnect backs off up to 30 s (client-go's reflector).
+	a.await(t, "vllm", "cu13", 45*time.Second)
+	b.await(t, "vllm", "cu13", 45*time.Second)
+	t.Logf("both agents caught up %s after the API server was back", time.Since(back).Round(time.Millisecond))
+	eo.Delete(ctx, "outage", metav1.DeleteOptions{})
 }
