@@ -9,6 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/agent"
+	"github.com/gpupin/gpupin/fleet"
 	"github.com/gpupin/gpupin/provision"
 )
 
@@ -38,6 +39,12 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "nfd-features-dir", Value: agent.DefaultNFDFeaturesDir, EnvVars: []string{"GPUPIN_NFD_FEATURES_DIR"},
 				Usage: "node-feature-discovery's local features `DIR`: the agent keeps the file gpupin there, a label gpupin.io/ENGINE-VERSION=VARIANT per ready engine; " +
 					"the default is used when it exists (NFD's DaemonSet makes it), a dir given is made; empty: off"},
+			&cli.StringFlag{Name: "node-name", EnvVars: []string{"NODE_NAME"},
+				Usage: "the Kubernetes Node `NAME` this agent runs on: turns on the fleet layer (docs/fleet.md): EngineOverrides from the API, " +
+					"the node's GPUPinNode status, Events on the Node; empty: off"},
+			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig `FILE` for the fleet layer (default: in-cluster, else as kubectl finds one)"},
+			&cli.StringFlag{Name: "fleet-cache", Value: "/var/lib/gpupin/cluster-overrides.json",
+				Usage: "where the last cluster choices are kept, for a restart while the API is down"},
 		}, provisionFlags()...), gpuFlags()...), runtimeFlags()...),
 		Action: runAgent,
 	}
@@ -51,10 +58,27 @@ func runAgent(c *cli.Context) error {
 		if s.simulated {
 			slog.Warn("SIMULATED node facts: probes are simulated; nothing is proved on a GPU", "node", lineageString(c, "node"))
 		}
+		lopts := provision.LoopOptions{Recheck: c.Duration("recheck"), RetryMin: c.Duration("retry"), NodeCheck: c.Duration("node-check")}
+		var started func(*agent.Agent)
+		if name := c.String("node-name"); name != "" {
+			fn, err := newFleetNode(c, name, s)
+			if err != nil {
+				return err
+			}
+			lopts.OnChange = fn.StatusChanged
+			// Before the loop's first pass: a restarted agent provisions
+			// with the cluster's choices, not the file's.
+			started = func(a *agent.Agent) {
+				if err := fn.Start(c.Context, a); err != nil {
+					slog.Error("fleet layer not started: the node's own overrides hold", "err", err)
+				}
+			}
+		}
 		err := agent.Run(c.Context, agent.RunConfig{
 			Runtime:   s.rt,
 			Provision: s.opts,
-			Loop:      provision.LoopOptions{Recheck: c.Duration("recheck"), RetryMin: c.Duration("retry"), NodeCheck: c.Duration("node-check")},
+			Loop:      lopts,
+			Started:   started,
 			Options: agent.Options{ConfigPath: c.String("config"), OverridesPath: lineageString(c, "overrides"),
 				NFDFeaturesDir: nfdDir(c), SweepEvery: c.Duration("sweep-every")},
 			Socket:         c.String("socket"),
@@ -66,6 +90,15 @@ func runAgent(c *cli.Context) error {
 		}
 		return err
 	})
+}
+
+// newFleetNode makes the fleet layer of the agent on Node name.
+func newFleetNode(c *cli.Context, name string, s *session) (*fleet.Node, error) {
+	cfg, err := fleet.ClientConfig(c.String("kubeconfig"), true)
+	if err != nil {
+		return nil, err
+	}
+	return fleet.NewNode(fleet.NodeOptions{Config: cfg, NodeName: name, CachePath: c.String("fleet-cache"), Facts: s.nodes})
 }
 
 // nfdDir is --nfd-features-dir; its default only where NFD made it, so no

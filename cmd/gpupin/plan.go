@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -27,6 +28,8 @@ func planCommand() *cli.Command {
 			&cli.StringFlag{Name: "override", Usage: "auto, none, a variant name or an image reference, instead of the overrides file"},
 			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the plan as JSON"},
+			&cli.StringFlag{Name: "node-name", Usage: "also read the cluster's EngineOverrides for the Kubernetes Node `NAME`, as its agent does (node > group > cluster > the overrides file)"},
+			kubeconfigFlag(),
 		},
 		Action: runPlan,
 	}
@@ -48,9 +51,20 @@ func runPlan(c *cli.Context) error {
 		use = noContainerd
 	}
 	return inSession(c, use, func(s *session) error {
-		pl, err := s.provisioner().Plan(c.Context, w)
+		var extra []provision.Option
+		var cluster *clusterOverrides
+		if name := c.String("node-name"); name != "" {
+			if cluster, err = readClusterOverrides(c, name); err != nil {
+				return err
+			}
+			extra = append(extra, provision.WithOverrides(cluster))
+		}
+		pl, err := s.provisioner(extra...).Plan(c.Context, w)
 		if err != nil {
 			return err
+		}
+		if cluster != nil && w.Override == "" {
+			cluster.annotate(c.App.ErrWriter, pl)
 		}
 		if jsonOut(c) {
 			if err := writeJSON(c.App.Writer, pl); err != nil {
@@ -137,6 +151,9 @@ func overrideFrom(s string) string {
 		return "--override"
 	case "pin":
 		return "the pin"
+	}
+	if strings.HasPrefix(s, "EngineOverride ") {
+		return s
 	}
 	return "default"
 }

@@ -28,6 +28,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -383,4 +384,19 @@ func (c *Cluster) writeFiles() error {
 		}
 	}
 	return nil
+}
+
+// StartT starts a cluster for one test, stopped when it ends, with the
+// manifests applied.
+func StartT(t testing.TB, manifests []string, users ...User) *Cluster {
+	t.Helper()
+	c, err := Start(users...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	if err := ApplyFiles(context.Background(), c.Admin(), manifests...); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
