@@ -25,6 +25,7 @@ import (
 	"github.com/gpupin/gpupin/fleet"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/kubetest"
+	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/runtime"
@@ -36,6 +37,9 @@ var cluster *kubetest.Cluster
 var agentUsers = []kubetest.User{
 	{Name: "gpupin:agent:node-a", Groups: []string{"gpupin:agents"}},
 	{Name: "gpupin:agent:node-b", Groups: []string{"gpupin:agents"}},
+	{Name: "gpupin:agent:e2e-h100", Groups: []string{"gpupin:agents"}},
+	{Name: "gpupin:agent:e2e-a10", Groups: []string{"gpupin:agents"}},
+	{Name: "gpupin:agent:e2e-v100", Groups: []string{"gpupin:agents"}},
 }
 
 func TestMain(m *testing.M) {
@@ -55,7 +59,8 @@ func TestMain(m *testing.M) {
 		c.Stop()
 		os.Exit(1)
 	}
-	code := m.Run()
+	// The end-to-end test's containerds and probe programs.
+	code := testenv.Run(m)
 	c.Stop()
 	os.Exit(code)
 }
