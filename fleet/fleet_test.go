@@ -237,6 +237,7 @@ func TestAgentWritesOnlyItsOwnNode(t *testing.T) {
 // records the cluster overrides it is handed.
 type fakeAgent struct {
 	mu      sync.Mutex
+	wants   []provision.Want
 	ov      map[string]string
 	changed chan map[string]string
 	sts     []provision.Status
@@ -251,6 +252,23 @@ func (f *fakeAgent) SetClusterOverrides(m map[string]string) error {
 	f.changed <- maps.Clone(m)
 	return nil
 }
+func (f *fakeAgent) SetWants(w []provision.Want) error {
+	f.mu.Lock()
+	f.wants = w
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *fakeAgent) refs() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var r []string
+	for _, w := range f.wants {
+		r = append(r, w.Ref)
+	}
+	return strings.Join(r, ",")
+}
+
 func (f *fakeAgent) get(engine string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -286,7 +304,12 @@ func (f *fakeAgent) await(t *testing.T, engine, want string, limit time.Duration
 
 func startNode(t *testing.T, ctx context.Context, token, name, cache string, a fleet.Agent) *fleet.Node {
 	t.Helper()
-	n, err := fleet.NewNode(fleet.NodeOptions{Config: cluster.Config(token), NodeName: name, CachePath: cache,
+	return startNodeWants(t, ctx, token, name, cache, "", a)
+}
+
+func startNodeWants(t *testing.T, ctx context.Context, token, name, cache, wants string, a fleet.Agent) *fleet.Node {
+	t.Helper()
+	n, err := fleet.NewNode(fleet.NodeOptions{Config: cluster.Config(token), NodeName: name, CachePath: cache, WantsConfigMap: wants,
 		SyncTimeout: 3 * time.Second, Facts: node.Static{Facts: &node.Facts{Driver: "575.57.08", CUDA: "12.9", Simulated: true,
 			GPUs: []node.GPU{{Name: "NVIDIA A10", CC: "8.6"}}}}})
 	if err != nil {
@@ -504,4 +527,51 @@ func TestOutageKeepsChoicesAndCatchesUp(t *testing.T) {
 	b.await(t, "vllm", "cu13", 45*time.Second)
 	t.Logf("both agents caught up %s after the API server was back", time.Since(back).Round(time.Millisecond))
 	eo.Delete(ctx, "outage", metav1.DeleteOptions{})
+}
+
+// The wants read through the API from the agent's ConfigMap (only that
+// one: RBAC's resourceNames with a field-selected watch): applied within
+// 2 s of an edit; a bad edit changes nothing and is an Event on the Node.
+func TestWantsFromTheConfigMap(t *testing.T) {
+	needCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, admin := clients(t, cluster.Admin())
+	mkNode(t, admin, "node-a", nil)
+	cms := admin.CoreV1().ConfigMaps("gpupin-system")
+	cms.Delete(ctx, "gpupin-agent", metav1.DeleteOptions{})
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gpupin-agent", Namespace: "gpupin-system"},
+		Data: map[string]string{fleet.WantsKey: "wants:\n  - ref: reg.example/org/vllm:0.11.0\n"}}
+	if _, err := cms.Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a := newFakeAgent()
+	startNodeWants(t, ctx, "gpupin:agent:node-a", "node-a", "", "gpupin-system/gpupin-agent", a)
+	if got := a.refs(); got != "reg.example/org/vllm:0.11.0" {
+		t.Fatalf("wants at start: %q", got)
+	}
+	edit := func(data string) time.Time {
+		t.Helper()
+		cm.Data[fleet.WantsKey] = data
+		start := time.Now()
+		if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return start
+	}
+	start := edit("wants:\n  - ref: reg.example/org/vllm:0.11.0\n  - ref: reg.example/org/sglang:0.5.0\n")
+	waitFor(t, 2*time.Second, "the second want", func() bool { return strings.Count(a.refs(), ",") == 1 })
+	t.Logf("an edit of the ConfigMap reached the agent in %s", time.Since(start).Round(time.Millisecond))
+	edit("wantz: []\n")
+	waitFor(t, 5*time.Second, "the WantsRejected Event", func() bool {
+		evs, err := admin.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=node-a,reason=WantsRejected"})
+		return err == nil && len(evs.Items) > 0
+	})
+	if strings.Count(a.refs(), ",") != 1 {
+		t.Fatalf("a bad ConfigMap changed the wants to %q", a.refs())
+	}
+	// Another ConfigMap in the namespace is not the agent's to read.
+	if _, err := kubernetes.NewForConfigOrDie(cluster.Config("gpupin:agent:node-a")).CoreV1().ConfigMaps("gpupin-system").Get(ctx, "other", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("reading another ConfigMap: want Forbidden, got %v", err)
+	}
 }

@@ -37,6 +37,9 @@ type NodeOptions struct {
 	// Facts reads the node's facts for its status; nil: none reported.
 	Facts       node.Reader
 	SyncTimeout time.Duration
+	// WantsConfigMap is NAMESPACE/NAME of a ConfigMap whose agent.yaml
+	// holds the wants (WantsWatcher), read through the API; "": off.
+	WantsConfigMap string
 	// StatusEvery rewrites the status without a change (default a minute).
 	StatusEvery time.Duration
 	Logger      *slog.Logger
@@ -46,6 +49,7 @@ type NodeOptions struct {
 // writer and the Node's Events, around an agent.
 type Node struct {
 	opts    NodeOptions
+	kube    kubernetes.Interface
 	watcher *Watcher
 	status  *StatusWriter
 	rec     record.EventRecorder
@@ -74,7 +78,7 @@ func NewNode(opts NodeOptions) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	n := &Node{opts: opts, lastEvent: map[string]string{}, lastFailure: map[string]*Failure{}, lastRejects: map[string]bool{}}
+	n := &Node{opts: opts, kube: kube, lastEvent: map[string]string{}, lastFailure: map[string]*Failure{}, lastRejects: map[string]bool{}}
 	n.watcher = &Watcher{Dyn: dyn, Kube: kube, NodeName: opts.NodeName, CachePath: opts.CachePath,
 		SyncTimeout: opts.SyncTimeout, Logger: opts.Logger, Apply: n.applyChoices}
 	n.status = &StatusWriter{Dyn: dyn, NodeName: opts.NodeName, Every: opts.StatusEvery, Logger: opts.Logger, Build: n.build}
@@ -96,6 +100,28 @@ func (n *Node) Start(ctx context.Context, a Agent) error {
 	n.mu.Unlock()
 	if err := n.watcher.Start(ctx); err != nil {
 		return err
+	}
+	if n.opts.WantsConfigMap != "" {
+		ws, ok := a.(WantsSetter)
+		if !ok {
+			return fmt.Errorf("fleet: wants from ConfigMap %s: the agent takes no wants", n.opts.WantsConfigMap)
+		}
+		ns, name, err := ParseWantsRef(n.opts.WantsConfigMap)
+		if err != nil {
+			return err
+		}
+		ww := &WantsWatcher{Kube: n.kube, Namespace: ns, Name: name, Set: ws, Logger: n.opts.Logger,
+			Rejected: func(err error) {
+				n.rec.Event(NodeRef(n.opts.NodeName), corev1.EventTypeWarning, "WantsRejected", clip(err.Error(), 1024))
+			}}
+		timeout := n.watcher.SyncTimeout
+		if err := ww.Start(ctx, func() <-chan struct{} {
+			c, cancel := context.WithTimeout(ctx, timeout)
+			go func() { <-c.Done(); cancel() }()
+			return c.Done()
+		}); err != nil {
+			return err
+		}
 	}
 	go n.status.Run(ctx)
 	go func() {

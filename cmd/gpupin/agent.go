@@ -43,6 +43,8 @@ func agentCommand() *cli.Command {
 				Usage: "the Kubernetes Node `NAME` this agent runs on: turns on the fleet layer (docs/fleet.md): EngineOverrides from the API, " +
 					"the node's GPUPinNode status, Events on the Node; empty: off"},
 			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig `FILE` for the fleet layer (default: in-cluster, else as kubectl finds one)"},
+			&cli.StringFlag{Name: "wants-configmap", EnvVars: []string{"GPUPIN_WANTS_CONFIGMAP"},
+				Usage: "with --node-name: also read the wants from the ConfigMap `NAMESPACE/NAME` (key agent.yaml) through the API, applied on change rather than on kubelet's volume sync"},
 			&cli.StringFlag{Name: "fleet-cache", Value: "/var/lib/gpupin/cluster-overrides.json",
 				Usage: "where the last cluster choices are kept, for a restart while the API is down"},
 		}, provisionFlags()...), gpuFlags()...), runtimeFlags()...),
@@ -98,7 +100,8 @@ func newFleetNode(c *cli.Context, name string, s *session) (*fleet.Node, error) 
 	if err != nil {
 		return nil, err
 	}
-	return fleet.NewNode(fleet.NodeOptions{Config: cfg, NodeName: name, CachePath: c.String("fleet-cache"), Facts: s.nodes})
+	return fleet.NewNode(fleet.NodeOptions{Config: cfg, NodeName: name, CachePath: c.String("fleet-cache"), Facts: s.nodes,
+		WantsConfigMap: c.String("wants-configmap")})
 }
 
 // nfdDir is --nfd-features-dir; its default only where NFD made it, so no
