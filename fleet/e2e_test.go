@@ -79,7 +79,14 @@ func TestThreeNodesEndToEndSimulated(t *testing.T) {
 	}
 	ref := reg.Host + "/demo:1.0"
 	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	var fleetNodes []*fleet.Node
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		for _, n := range fleetNodes {
+			n.Wait()
+		}
+	})
 	for _, n := range e2eNodes {
 		if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: n.labels}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -91,6 +98,7 @@ func TestThreeNodesEndToEndSimulated(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		fleetNodes = append(fleetNodes, fn)
 		cfg := agent.RunConfig{
 			Runtime: rt,
 			Provision: []provision.Option{provision.WithNode(node.Static{Facts: n.facts}), provision.WithLockDir(filepath.Join(dir, "locks")),

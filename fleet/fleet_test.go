@@ -318,6 +318,9 @@ func startNodeWants(t *testing.T, ctx context.Context, token, name, cache, wants
 	if err := n.Start(ctx, a); err != nil {
 		t.Fatal(err)
 	}
+	// The test's deferred cancel runs first: nothing writes into its
+	// TempDir once it is being removed.
+	t.Cleanup(n.Wait)
 	return n
 }
 

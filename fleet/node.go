@@ -55,6 +55,7 @@ type Node struct {
 	rec     record.EventRecorder
 	bcast   record.EventBroadcaster
 
+	wg          sync.WaitGroup
 	mu          sync.Mutex
 	agent       Agent
 	lastEvent   map[string]string
@@ -123,13 +124,20 @@ func (n *Node) Start(ctx context.Context, a Agent) error {
 			return err
 		}
 	}
-	go n.status.Run(ctx)
+	n.wg.Go(func() { n.status.Run(ctx) })
 	go func() {
 		<-ctx.Done()
 		n.bcast.Shutdown()
 	}()
 	n.status.Kick()
 	return nil
+}
+
+// Wait waits, once Start's ctx has ended, for the watcher and the status
+// writer to stop.
+func (n *Node) Wait() {
+	n.watcher.Wait()
+	n.wg.Wait()
 }
 
 // StatusChanged is the loop's OnChange: an Event on a new state, and a

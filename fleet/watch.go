@@ -63,6 +63,7 @@ type Watcher struct {
 	SyncTimeout time.Duration
 	Logger      *slog.Logger
 
+	wg      sync.WaitGroup
 	mu      sync.Mutex
 	current Choices
 	labels  map[string]string
@@ -122,9 +123,13 @@ func (w *Watcher) Start(ctx context.Context) error {
 			w.Logger.Warn("the Kubernetes API is not answering and no cluster choices are cached: the node's own overrides hold until it answers")
 		}
 	}
-	go w.run(ctx)
+	w.wg.Go(func() { w.run(ctx) })
 	return nil
 }
+
+// Wait waits, once Start's ctx has ended, for the watcher to stop
+// applying and caching.
+func (w *Watcher) Wait() { w.wg.Wait() }
 
 func (w *Watcher) poke() {
 	select {
