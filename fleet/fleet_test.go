@@ -335,9 +335,13 @@ func TestOverridesReachTheAgentByPrecedence(t *testing.T) {
 	dyn, admin := clients(t, cluster.Admin())
 	mkNode(t, admin, "node-a", nil)
 	eo := dyn.Resource(fleet.EngineOverrides)
-	for _, n := range []string{"p-cluster", "p-group", "p-node"} {
-		eo.Delete(ctx, n, metav1.DeleteOptions{})
+	clean := func() {
+		for _, n := range []string{"p-cluster", "p-group", "p-node"} {
+			eo.Delete(context.Background(), n, metav1.DeleteOptions{})
+		}
 	}
+	clean()
+	t.Cleanup(clean)
 	a := newFakeAgent()
 	n := startNode(t, ctx, "gpupin:agent:node-a", "node-a", filepath.Join(t.TempDir(), "cluster-overrides.json"), a)
 	a.await(t, "vllm", "", 2*time.Second)
@@ -486,6 +490,7 @@ func TestOutageKeepsChoicesAndCatchesUp(t *testing.T) {
 	mkNode(t, admin, "node-a", nil)
 	eo := dyn.Resource(fleet.EngineOverrides)
 	eo.Delete(ctx, "outage", metav1.DeleteOptions{})
+	t.Cleanup(func() { eo.Delete(context.Background(), "outage", metav1.DeleteOptions{}) })
 	cache := filepath.Join(t.TempDir(), "cluster-overrides.json")
 	a := newFakeAgent()
 	startNode(t, ctx, "gpupin:agent:node-a", "node-a", cache, a)

@@ -218,12 +218,20 @@ func (w *Watcher) set(c Choices) {
 	if same {
 		return
 	}
+	// Current answers the new choices once the agent has them: set
+	// before Apply, put back if it fails.
+	w.mu.Lock()
+	w.current = c
+	w.mu.Unlock()
 	if err := w.Apply(c); err != nil {
 		w.Logger.Error("cluster overrides not applied; the last applied hold", "err", err)
+		w.mu.Lock()
+		w.current = prev
+		w.mu.Unlock()
 		return
 	}
 	w.mu.Lock()
-	w.current, w.synced = c, true
+	w.synced = true
 	w.mu.Unlock()
 	if !c.FromCache {
 		if err := w.saveCache(c); err != nil {
