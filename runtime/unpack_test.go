@@ -149,7 +149,7 @@ func TestUnpackStrategiesMakeTheSameRootfs(t *testing.T) {
 			t.Fatal(err)
 		}
 		ref := reg.Host + "/unpack@" + d.String()
-		for _, mode := range []string{"", "keep", "serial", "daemon", "containerd", "containerd-parallel"} {
+		for _, mode := range []string{"", "keep", "serial", "daemon", "containerd"} {
 			t.Run(string(comp)+"/"+mode, func(t *testing.T) {
 				var opts []runtime.Opt
 				if mode == "keep" {
