@@ -407,6 +407,7 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 			return l.err
 		}
 		if l.implicit != nil && len(l.implicit.dirs) > 0 {
+			start := time.Now()
 			// Its parent is committed now: what mkparent would have
 			// copied from it is there to copy.
 			parents, err := u.parentLayers(ctx, sn, l.parent)
@@ -416,6 +417,7 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 			if err := l.implicit.copyParentAttrs(parents); err != nil {
 				return fmt.Errorf("layer %d (%s): %w", l.i, l.desc.Digest, err)
 			}
+			tracef("layer %d: %d directories it does not name given their parents' attributes in %s", l.i, len(l.implicit.dirs), time.Since(start))
 		}
 		if err := u.commit(ctx, sn, l, true); err != nil {
 			return err
