@@ -13,9 +13,13 @@ import (
 // DefaultLocalPrefix is where a pin's node-local name lives unless
 // WithLocalPrefix says otherwise: gpupin.local/ENGINE:VERSION. The .local
 // domain is reserved for link-local names (RFC 6762), so no registry
-// answers for it, and nothing can be pulled under it: a pod with
-// imagePullPolicy: Never that names it starts from this node's proof, or
-// fails with ErrImageNeverPull on a node that has none.
+// answers for it; but a peer-to-peer mirror (Spegel) that mirrors every
+// registry serves its peers' records of it, so a pull of the name can
+// succeed with another node's image. A pod with imagePullPolicy: Never
+// that names it starts from this node's proof, or fails with
+// ErrImageNeverPull on a node that has none; a record of the name that
+// gpupin did not write here is foreign (foreignLocal), and Recover
+// replaces or removes it.
 const DefaultLocalPrefix = "gpupin.local"
 
 // Labels of the node-local name records.
@@ -24,6 +28,13 @@ const (
 	// the pin it stands for. gc and unpin find local names by it, whatever
 	// prefix made them.
 	LabelLocal = "io.gpupin.local"
+	// LabelLocalPin is gpupin's marker on a local-name record it wrote:
+	// the name of the pin record (REPO@sha256:…) the local name stands
+	// for. It counts only while that record, in this namespace, is (or
+	// was) the pin of the key and has the local record's target: it binds
+	// the local name to a proof made on this node, so labels copied from
+	// another node's record, or onto another image, do not make one.
+	LabelLocalPin = "io.gpupin.local.pin"
 	// LabelRestored is on a pin record Recover put back after another
 	// client removed or relabelled it: when (RFC 3339).
 	LabelRestored = "io.gpupin.restored"
