@@ -113,10 +113,13 @@ func (r *Runtime) LayerStorage(ctx context.Context) (LayerStorage, error) {
 	case !ls.Streamed:
 		ls.Summary = "every layer blob is stored, as containerd's own pull does: the unpack here (" + ls.Unpack + ") reads layers from the content store"
 	case len(names) > 0:
-		ls.Summary = "layer blobs are stored for registries a mirror serves, so peers can fetch them from this node: " + strings.Join(names, "; ") +
-			"; for any other registry they are streamed into snapshots without being stored"
+		ls.Summary = "layer blobs are stored for registries a mirror serves, so peers can fetch them from this node; " +
+			"for any other registry they are streamed into snapshots without being stored"
 	default:
 		ls.Summary = "layer blobs are streamed into snapshots without being stored: no mirror in the hosts configuration, so no peer would fetch them from this node (--keep-layers stores them)"
+	}
+	if len(names) > 0 {
+		ls.Summary += "; mirrors named: " + strings.Join(names, "; ")
 	}
 	return ls, err
 }
