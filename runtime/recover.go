@@ -436,10 +436,40 @@ func (r *Runtime) keyStates(ctx context.Context, only string) (map[string]*keySt
 	return states, nil
 }
 
+// OnForeign sets f to hear of every record of a node-local name that
+// gpupin did not write and that was replaced or removed (Action
+// "foreign"), whichever step found it: Recover (the agent's pass, Pins)
+// or a pin. The agent reports them; nil stops it.
+func (r *Runtime) OnForeign(f func(Recovered)) {
+	r.foreignMu.Lock()
+	r.onForeign = f
+	r.foreignMu.Unlock()
+}
+
+func (r *Runtime) reportForeign(done []Recovered) {
+	r.foreignMu.Lock()
+	f := r.onForeign
+	r.foreignMu.Unlock()
+	if f == nil {
+		return
+	}
+	for _, d := range done {
+		if d.Action == "foreign" {
+			f(d)
+		}
+	}
+}
+
 // fixKey makes the key's proof, lease and local names follow its pin,
 // restoring the pin from its proof when another client took it. The
 // caller holds the key's pin lock.
 func (r *Runtime) fixKey(ctx context.Context, key string) ([]Recovered, error) {
+	done, err := r.fixKeyLocked(ctx, key)
+	r.reportForeign(done)
+	return done, err
+}
+
+func (r *Runtime) fixKeyLocked(ctx context.Context, key string) ([]Recovered, error) {
 	states, err := r.keyStates(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("pin %s: %w", key, err)
@@ -785,8 +815,8 @@ func (r *Runtime) keepLocal(ctx context.Context, key string, cur images.Image, l
 
 // removeStrays removes the records under the prefix that are no key's
 // local name (a name gpupin never writes, pulled or made by hand).
-func (r *Runtime) removeStrays(ctx context.Context, strays []images.Image) ([]Recovered, error) {
-	var out []Recovered
+func (r *Runtime) removeStrays(ctx context.Context, strays []images.Image) (out []Recovered, err error) {
+	defer func() { r.reportForeign(out) }()
 	var errs []error
 	for _, l := range strays {
 		if err := r.client.ImageService().Delete(ctx, l.Name); err != nil && !errdefs.IsNotFound(err) {
