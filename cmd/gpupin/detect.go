@@ -166,7 +166,7 @@ func namespaceOf(rt *runtime.Runtime) *namespaceNote {
 		n.Note = "kubelet sees the pins and their local names, and a peer-to-peer mirror (Spegel) shares their blobs"
 	} else {
 		n.Note = fmt.Sprintf("kubelet and a peer-to-peer mirror (Spegel) read only %s: pods do not see pins made in %s, and peers get none of their blobs; "+
-			"under Kubernetes give --namespace %s (CONTAINERD_NAMESPACE=%s), as the DaemonSet and the systemd unit do", runtime.CRINamespace, n.Name, runtime.CRINamespace, runtime.CRINamespace)
+			"under Kubernetes give --namespace %s (CONTAINERD_NAMESPACE=%s, as the DaemonSet sets; the systemd unit reads it from /etc/gpupin/environment)", runtime.CRINamespace, n.Name, runtime.CRINamespace, runtime.CRINamespace)
 	}
 	return n
 }
