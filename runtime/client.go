@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
@@ -36,6 +37,9 @@ type Runtime struct {
 	localPrefix string // of the node-local names (local.go)
 	keepLayers  bool   // store every layer's blob, even one extracted here (direct.go)
 	flush       *flusher
+
+	foreignMu sync.Mutex
+	onForeign func(Recovered) // OnForeign
 }
 
 // Opt configures a Runtime.
