@@ -91,13 +91,7 @@ func TestUnpackMatchesCtrPull(t *testing.T) {
 						diffIDs = append(diffIDs, digest.Digest(h.String()))
 					}
 
-					var opts []runtime.Opt
-					if mode == "keep" {
-						opts = append(opts, runtime.WithKeepLayers(true))
-					} else {
-						t.Setenv(runtime.EnvUnpack, mode)
-					}
-					rt := testenv.Runtime(t, opts...)
+					rt := strategyRuntime(t, mode)
 					if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
 						t.Fatal(err)
 					}

@@ -34,13 +34,7 @@ func TestBlobsCarryTheirSourceWhenCreated(t *testing.T) {
 	key := labels.LabelDistributionSource + "." + host
 	for _, mode := range []string{"", "keep", "containerd"} {
 		t.Run("mode="+mode, func(t *testing.T) {
-			var opts []runtime.Opt
-			if mode == "keep" {
-				opts = append(opts, runtime.WithKeepLayers(true))
-			} else {
-				t.Setenv(runtime.EnvUnpack, mode)
-			}
-			rt := testenv.Runtime(t, opts...)
+			rt := strategyRuntime(t, mode)
 			nsctx := withNS(ctx, rt.Namespace())
 			// containerd 1.6 publishes no content-create event (1.7 and
 			// later do, and mirrors need them): there the labels are read

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 )
@@ -60,16 +59,9 @@ func MinbaseTar(ctx context.Context) (string, error) {
 		args = append(args, "--dpkgopt=path-exclude="+p)
 	}
 	args = append(args, TorchSuite, tmp)
-	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		tail := out.String()
-		if len(tail) > 4000 {
-			tail = tail[len(tail)-4000:]
-		}
-		return "", fmt.Errorf("mmdebstrap %s: %w\n%s", strings.Join(args, " "), err, tail)
+	if err := mmdebstrap(ctx, args); err != nil {
+		return "", err
 	}
 	f, err := os.Open(tmp)
 	if err != nil {
