@@ -375,3 +375,41 @@ func TestCLIUsageErrorsExitTwoThroughTheBinary(t *testing.T) {
 		})
 	}
 }
+
+// An unknown --probe is a usage error (exit 2) before any registry is
+// read, for every engine: vllm and sglang bring a probe of their own, so
+// the library would never look at it, and for others it failed only after
+// the registry had answered, with exit 1.
+func TestCLIUnknownProbeIsAUsageErrorBeforeTheRegistry(t *testing.T) {
+	reg := testenv.Registry(t)
+	c := newCLI(t, reg)
+	for _, cmd := range []string{"provision", "probe"} {
+		for _, engine := range []string{"vllm", "sglang", "eng"} {
+			t.Run(cmd+" "+engine, func(t *testing.T) {
+				reg.Reset()
+				out, code := c.run(cmd, reg.Host+"/"+engine+":1.0", "--probe", "bogus")
+				if code != 2 || !strings.Contains(out, `--probe bogus: unknown probe "bogus"`) {
+					t.Fatalf("exit %d (want 2), output:\n%s", code, out)
+				}
+				if reqs := reg.Requests(); len(reqs) != 0 {
+					t.Fatalf("the registry was read before the flag was refused: %+v", reqs)
+				}
+			})
+		}
+	}
+}
+
+// CONTAINERD_NAMESPACE set but empty is the default namespace, not "":
+// containerd refuses every call in namespace "" ("namespace is required").
+func TestCLIEmptyNamespaceVariableIsTheDefault(t *testing.T) {
+	d := testenv.Containerd(t)
+	cmd := exec.Command(gpupinBin, "--address", d.Address, "--node", filepath.Join("..", "examples", "nodes", "h100-driver580.json"), "pins", "--json")
+	cmd.Env = append(os.Environ(), "CONTAINERD_NAMESPACE=")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("gpupin pins with CONTAINERD_NAMESPACE= : %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "namespace is required") {
+		t.Fatalf("output:\n%s", out)
+	}
+}
