@@ -299,6 +299,10 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 	fail := func(stage string, err error, out string) {
 		attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: stage, Reason: err.Error(), Output: out, Err: err}
 	}
+	if err := p.probeProgramsFound(c, facts); err != nil {
+		fail("probe", err, "")
+		return pin, verdict, attempt
+	}
 	err := p.rt.WithLease(ctx, func(ctx context.Context) error {
 		st.State, st.Attempted, st.Detail = Pulling, c.Variant, "pulling "+c.Ref
 		p.emit(ctx, *st)
@@ -350,6 +354,24 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		fail("lease", err, "")
 	}
 	return pin, verdict, attempt
+}
+
+// probeProgramsFound checks, before c is pulled, that the host programs
+// its probe mounts are there: the candidate's probe's, and on a simulated
+// node the emulator's, which a fixture asks for in its config, read only
+// after the pull. A gpupin from `go build` or `go install` has none.
+func (p *Provisioner) probeProgramsFound(c images.Candidate, facts *node.Facts) error {
+	kinds := []probe.Kind{probe.Kind(c.Probe)}
+	if facts.Simulated {
+		kinds = append(kinds, probe.Sim)
+	}
+	opts := probe.Options{CUDAProbeBinary: p.opts.CUDAProbeBinary, SimProbeBinary: p.opts.SimProbeBinary}
+	for _, k := range kinds {
+		if _, err := probe.Binary(k, opts); err != nil {
+			return fmt.Errorf("%s probe: %w", k, err)
+		}
+	}
+	return nil
 }
 
 // pullWatch reports a pull that stopped moving (less than the registry
