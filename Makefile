@@ -16,7 +16,7 @@ DAEMON_PKGS ?= ./runtime/... ./e2e/... ./faults/...
 STATICCHECK ?= $(GPUPIN_TOOLS)/staticcheck
 TESTFLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all deps deps-demo build build-nocgo image demo test check test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish fuzz clean
+.PHONY: all deps deps-demo dist test-dist build build-nocgo image demo test check test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish fuzz clean
 
 all: build
 
@@ -41,6 +41,21 @@ IMAGE_VERSION ?= 0.1.0
 IMAGE_OUT     ?= $(BIN)/image
 image:
 	PUSH=$(PUSH) GO=$(GO) ./deploy/image/build.sh $(IMAGE_OUT) $(IMAGE_REPO) $(IMAGE_VERSION)
+
+# The release layout for nodes without Kubernetes: $(DIST)/gpupin_V_linux_ARCH.tar.gz
+# and $(DIST)/gpupin_V_ARCH.deb (nfpm, through tools/dist, a module of its
+# own): gpupin in /usr/bin, its probe programs in /usr/lib/gpupin (where
+# gpupin looks), the agent's systemd unit (not enabled) and a commented
+# /etc/gpupin/agent.yaml (a conffile). test-dist installs the .deb with
+# dpkg, detects and provisions from the installed paths, and purges it.
+DIST         ?= dist
+DIST_VERSION ?= 0.1.0
+DIST_ARCH    ?= $(shell $(GO) env GOARCH)
+dist: build
+	cd tools/dist && $(GO) run . -root $(CURDIR) -bin $(abspath $(BIN)) -out $(abspath $(DIST)) -version $(DIST_VERSION) -arch $(DIST_ARCH)
+
+test-dist: require-root dist
+	BIN=$(BIN) DEB=$(DIST)/gpupin_$(DIST_VERSION)_$(DIST_ARCH).deb ./scripts/dist-test.sh
 
 # What a fresh Debian machine lacks. deps-demo: only what the demo runs on
 # (containerd, runc, busybox-static, gcc). deps: that and what the tests
@@ -70,11 +85,13 @@ test: require-root deps build
 	$(MAKE) --no-print-directory test-containerd2
 	$(MAKE) --no-print-directory test-containerd17
 	$(MAKE) --no-print-directory test-containerd21
+	$(MAKE) --no-print-directory test-dist
 
 check:
 	$(GO) vet $(PKGS)
 	CGO_ENABLED=0 $(GO) vet ./node/ ./cmd/gpupin/
 	$(STATICCHECK) $(PKGS)
+	cd tools/dist && $(GO) vet . && $(STATICCHECK) .
 
 test-containerd1: require-root
 	@echo "== go test against $$(containerd --version)"
@@ -110,4 +127,4 @@ fmt:
 	gofmt -w .
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) $(DIST)
