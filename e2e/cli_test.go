@@ -425,6 +425,9 @@ func TestCLISimulatedProbeProgramsMissingSaysHowBeforeThePull(t *testing.T) {
 		[]sandbox.EngineVariant{{Name: "cu129", CUDA: "12.9", Archs: "9.0"}}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := os.Stat("/usr/lib/gpupin/" + probe.CUDAProbeName); err == nil {
+		t.Fatal("/usr/lib/gpupin holds the probe programs (a gpupin package is installed): gpupin would find them there; dpkg -P gpupin first")
+	}
 	alone := t.TempDir()
 	bin := filepath.Join(alone, "gpupin")
 	data, err := os.ReadFile(gpupinBin)
