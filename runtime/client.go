@@ -45,8 +45,17 @@ type Runtime struct {
 // Opt configures a Runtime.
 type Opt func(*Runtime)
 
-// WithNamespace sets the containerd namespace (default gpupin).
-func WithNamespace(ns string) Opt { return func(r *Runtime) { r.namespace = ns } }
+// WithNamespace sets the containerd namespace (default gpupin). An empty
+// one keeps the default: CONTAINERD_NAMESPACE= (set, but empty) reaches
+// here as "", and containerd would refuse every call with "namespace is
+// required".
+func WithNamespace(ns string) Opt {
+	return func(r *Runtime) {
+		if ns != "" {
+			r.namespace = ns
+		}
+	}
+}
 
 // WithSnapshotter sets the snapshotter (default overlayfs).
 func WithSnapshotter(s string) Opt { return func(r *Runtime) { r.snapshotter = s } }

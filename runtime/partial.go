@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/errdefs"
 	"github.com/distribution/reference"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/gpupin/gpupin/registry"
 )
@@ -23,17 +26,55 @@ func partialLeaseID(ref string) string {
 
 // worthKeeping tells a pull that may succeed on retry (the registry or the
 // network failed) from one that will not: content that lies about its
-// digest or size, or a full disk, whose partial data only takes space.
+// digest, size or type, or a full disk, whose partial data only takes
+// space. It decides on the error's class, not its wording, so that a
+// rewording anywhere in the chain cannot keep a lease that fills the disk.
 func worthKeeping(err error) bool {
-	if errdefs.IsFailedPrecondition(err) || errdefs.IsInvalidArgument(err) || errdefs.IsNotFound(err) || errors.Is(err, errWrongDiffID) {
+	switch {
+	case diskFull(err),
+		errors.Is(err, errWrongDiffID), errors.Is(err, ErrMediaType),
+		errdefs.IsFailedPrecondition(err), errdefs.IsInvalidArgument(err), errdefs.IsNotFound(err),
+		errdefs.IsResourceExhausted(err), errdefs.IsDataLoss(err):
+		return false
+	case bodyTypeRefused(err):
+		// containerd's own check of a manifest's body against its media
+		// type: the same bytes will fail the same way.
 		return false
 	}
-	if strings.Contains(err.Error(), "media-type: expected") {
-		// containerd found a manifest whose body is not of the type the
-		// registry said: the same bytes will fail the same way.
-		return false
+	return true
+}
+
+// noSpace are the errnos of a full disk or an exhausted quota.
+var noSpace = []syscall.Errno{syscall.ENOSPC, syscall.EDQUOT}
+
+// diskFull reports a full disk: here, as the errno itself; or in the
+// daemon, whose errno reaches the client only as its text in a gRPC status
+// of code Unknown, so the errno's own text (strerror, the same table on
+// both sides) is looked for there and only there.
+func diskFull(err error) bool {
+	for _, e := range noSpace {
+		if errors.Is(err, e) || (unclassedDaemonError(err) && strings.Contains(err.Error(), e.Error())) {
+			return true
+		}
 	}
-	return !strings.Contains(err.Error(), "no space left on device")
+	return false
+}
+
+// unclassedDaemonError reports an error the daemon sent with gRPC code
+// Unknown: as the client converts it (errdefs.ErrUnknown), or as it came.
+func unclassedDaemonError(err error) bool {
+	if errdefs.IsUnknown(err) {
+		return true
+	}
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unknown
+}
+
+// bodyTypeRefused reports containerd's refusal of a manifest whose body is
+// not of the type the registry said (core/images validateMediaType). That
+// error has no class or type, so its fixed prefix is all there is to see.
+func bodyTypeRefused(err error) bool {
+	return strings.Contains(err.Error(), "media-type: expected")
 }
 
 // storeLayers says whether a pull of ref stores every layer it downloads:
