@@ -4,13 +4,19 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN       := bin
 PKGS      := ./...
 # scripts/deps.sh caches the Go-built tools here: containerd 2.4.2 (the
-# suite's second daemon), crictl and staticcheck.
+# suite's second daemon), 1.7.35 and 2.1.9 (releases fleets run), crictl,
+# staticcheck and nfd-worker.
 export GPUPIN_TOOLS ?= /var/tmp/gpupin-tools
 CONTAINERD2 ?= $(GPUPIN_TOOLS)/containerd-2.4.2
+CONTAINERD17 ?= $(GPUPIN_TOOLS)/containerd-1.7.35
+CONTAINERD21 ?= $(GPUPIN_TOOLS)/containerd-2.1.9
+# The packages whose behaviour depends on the daemon's release: the suite
+# runs them again against 1.7 and 2.1.
+DAEMON_PKGS ?= ./runtime/... ./e2e/... ./faults/...
 STATICCHECK ?= $(GPUPIN_TOOLS)/staticcheck
 TESTFLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all deps build build-nocgo image demo test check test-containerd1 test-containerd2 require-root fmt bench bench-publish fuzz clean
+.PHONY: all deps deps-demo dist test-dist build build-nocgo image demo test check test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish fuzz clean
 
 all: build
 
@@ -36,19 +42,40 @@ IMAGE_OUT     ?= $(BIN)/image
 image:
 	PUSH=$(PUSH) GO=$(GO) ./deploy/image/build.sh $(IMAGE_OUT) $(IMAGE_REPO) $(IMAGE_VERSION)
 
-# What a fresh Debian machine lacks (containerd, runc, busybox-static,
-# docker-registry, skopeo, …; containerd 2.4.2, crictl, staticcheck built
-# with go install and cached in $(GPUPIN_TOOLS)).
-deps:
-	./scripts/deps.sh
+# The release layout for nodes without Kubernetes: $(DIST)/gpupin_V_linux_ARCH.tar.gz
+# and $(DIST)/gpupin_V_ARCH.deb (nfpm, through tools/dist, a module of its
+# own): gpupin in /usr/bin, its probe programs in /usr/lib/gpupin (where
+# gpupin looks), the agent's systemd unit (not enabled) and a commented
+# /etc/gpupin/agent.yaml (a conffile). test-dist installs the .deb with
+# dpkg, detects and provisions from the installed paths, and purges it.
+DIST         ?= dist
+DIST_VERSION ?= 0.1.0
+DIST_ARCH    ?= $(shell $(GO) env GOARCH)
+dist: build
+	cd tools/dist && $(GO) run . -root $(CURDIR) -bin $(abspath $(BIN)) -out $(abspath $(DIST)) -version $(DIST_VERSION) -arch $(DIST_ARCH)
 
-demo: deps build
+test-dist: require-root dist
+	BIN=$(BIN) DEB=$(DIST)/gpupin_$(DIST_VERSION)_$(DIST_ARCH).deb ./scripts/dist-test.sh
+
+# What a fresh Debian machine lacks. deps-demo: only what the demo runs on
+# (containerd, runc, busybox-static, gcc). deps: that and what the tests
+# need (docker-registry, skopeo, …; containerd 2.4.2, 1.7.35 and 2.1.9,
+# crictl, staticcheck and nfd-worker built through the Go module proxy and
+# cached in $(GPUPIN_TOOLS)).
+deps:
+	./scripts/deps.sh test
+
+deps-demo:
+	./scripts/deps.sh demo
+
+demo: deps-demo build
 	BIN=$(BIN) ./scripts/demo.sh
 
 # Tests start their own containerd (as root) and loopback registries. The
 # suite runs twice: against Debian's containerd 1.6 (from PATH), then against
 # containerd 2.4.2 (GPUPIN_TEST_CONTAINERD, its directory first in PATH so
-# ctr and the shim are its own). As non-root the tests that run containers
+# ctr and the shim are its own); then DAEMON_PKGS against 1.7.35 and 2.1.9,
+# the releases fleets run. As non-root the tests that run containers
 # would skip; make test refuses to run then, so nothing is skipped unseen.
 # One pass after the other, also under make -j: two suites at once would
 # time each other out on a small machine.
@@ -56,11 +83,15 @@ test: require-root deps build
 	$(MAKE) --no-print-directory check
 	$(MAKE) --no-print-directory test-containerd1
 	$(MAKE) --no-print-directory test-containerd2
+	$(MAKE) --no-print-directory test-containerd17
+	$(MAKE) --no-print-directory test-containerd21
+	$(MAKE) --no-print-directory test-dist
 
 check:
 	$(GO) vet $(PKGS)
 	CGO_ENABLED=0 $(GO) vet ./node/ ./cmd/gpupin/
 	$(STATICCHECK) $(PKGS)
+	cd tools/dist && $(GO) vet . && $(STATICCHECK) .
 
 test-containerd1: require-root
 	@echo "== go test against $$(containerd --version)"
@@ -69,6 +100,14 @@ test-containerd1: require-root
 test-containerd2: require-root
 	@echo "== go test against $$($(CONTAINERD2)/containerd --version)"
 	GPUPIN_TEST_CONTAINERD=$(CONTAINERD2) PATH="$(CONTAINERD2):$$PATH" $(GO) test $(TESTFLAGS) $(PKGS)
+
+test-containerd17: require-root
+	@echo "== go test $(DAEMON_PKGS) against $$($(CONTAINERD17)/containerd --version)"
+	GPUPIN_TEST_CONTAINERD=$(CONTAINERD17) PATH="$(CONTAINERD17):$$PATH" $(GO) test $(TESTFLAGS) $(DAEMON_PKGS)
+
+test-containerd21: require-root
+	@echo "== go test $(DAEMON_PKGS) against $$($(CONTAINERD21)/containerd --version)"
+	GPUPIN_TEST_CONTAINERD=$(CONTAINERD21) PATH="$(CONTAINERD21):$$PATH" $(GO) test $(TESTFLAGS) $(DAEMON_PKGS)
 
 require-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make test: run it as root: the tests start containerd and run containers, and as non-root they would skip" >&2; exit 1; }
@@ -88,4 +127,4 @@ fmt:
 	gofmt -w .
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) $(DIST)

@@ -79,6 +79,23 @@ type Recoverer interface {
 	Recover(ctx context.Context) ([]runtime.Recovered, error)
 }
 
+// ForeignReporter tells of records of a node-local name that gpupin did
+// not write (runtime.Runtime.OnForeign); the agent reports them.
+type ForeignReporter interface {
+	OnForeign(func(runtime.Recovered))
+}
+
+// ForeignRecord is a record of a node-local name that gpupin did not
+// write on this node (pulled from a peer through a mirror, made by hand),
+// and what was done with it: replaced by the node's own, or removed.
+type ForeignRecord struct {
+	At time.Time `json:"at"`
+	runtime.Recovered
+}
+
+// keptForeign is how many ForeignRecords the status keeps, newest last.
+const keptForeign = 16
+
 // DefaultSweepEvery is the default Options.SweepEvery. A sweep is three
 // label-filtered listings when there is nothing to remove; an orphaned
 // probe holds GPUs until it is found.
@@ -121,7 +138,13 @@ type Agent struct {
 
 	watching chan struct{} // closed once Watch sees the files' directories
 	reloads  atomic.Int64  // reloads Watch has done
-	sweeps   atomic.Int64  // periodic sweeps Watch has done
+
+	foreignMu sync.Mutex
+	foreign   []ForeignRecord // the last keptForeign, newest last
+	foreignN  int64
+	hooked    bool         // the runtime reports foreign records to foundForeign
+	metrics   *Metrics     // set by Run when it serves metrics
+	sweeps    atomic.Int64 // periodic sweeps Watch has done
 }
 
 // New makes an Agent over a loop; call Reload to read the files.
@@ -139,6 +162,10 @@ func New(loop *provision.Loop, pins PinLister, opts Options) *Agent {
 		opts.SweepEvery = DefaultSweepEvery
 	}
 	a := &Agent{loop: loop, pins: pins, opts: opts, cfg: &Config{}, fileOv: map[string]string{}, gone: map[string]time.Time{}, watching: make(chan struct{})}
+	if fr, ok := pins.(ForeignReporter); ok {
+		fr.OnForeign(a.foundForeign)
+		a.hooked = true
+	}
 	if opts.NFDFeaturesDir != "" {
 		f, err := NewFeatureFile(opts.NFDFeaturesDir)
 		if err != nil {
@@ -150,6 +177,34 @@ func New(loop *provision.Loop, pins PinLister, opts Options) *Agent {
 		a.features = f
 	}
 	return a
+}
+
+// foundForeign reports a record of a local name gpupin did not write:
+// a pod that names the local name could have run an image this node
+// never proved, and a mirror configured for every registry is the usual
+// way it got there (gpupin detect says what to add to its filters).
+func (a *Agent) foundForeign(r runtime.Recovered) {
+	a.opts.Logger.Warn("foreign record of a node-local name: "+r.Detail, "key", r.Key, "ref", r.Ref,
+		"hint", "a mirror that serves every registry serves other nodes' local names: add the local prefix to its registry filters (gpupin detect)")
+	a.foreignMu.Lock()
+	a.foreignN++
+	a.foreign = append(a.foreign, ForeignRecord{At: time.Now().UTC(), Recovered: r})
+	if len(a.foreign) > keptForeign {
+		a.foreign = a.foreign[len(a.foreign)-keptForeign:]
+	}
+	m := a.metrics
+	a.foreignMu.Unlock()
+	if m != nil {
+		m.foreign.Inc()
+	}
+}
+
+// Foreign counts the foreign records of local names found since the agent
+// started, and gives the last few.
+func (a *Agent) Foreign() (int64, []ForeignRecord) {
+	a.foreignMu.Lock()
+	defer a.foreignMu.Unlock()
+	return a.foreignN, append([]ForeignRecord(nil), a.foreign...)
 }
 
 // StatusChanged is the loop's OnChange for an agent: the NFD feature file

@@ -25,6 +25,11 @@ const maxBody = 1 << 20
 type StatusResponse struct {
 	Engines  []provision.Status `json:"engines"`
 	InFlight int                `json:"in_flight"`
+	// ForeignLocalNames counts the records of a node-local name that
+	// gpupin did not write on this node, found (and replaced or removed)
+	// since the agent started; LastForeign are the last few.
+	ForeignLocalNames int64           `json:"foreign_local_names,omitempty"`
+	LastForeign       []ForeignRecord `json:"last_foreign,omitempty"`
 }
 
 // WantsRequest is the body of PUT /v1/wants (and its answer).
@@ -63,7 +68,8 @@ type ErrorResponse struct {
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/status", only(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, StatusResponse{Engines: a.Status(), InFlight: a.loop.InFlight()})
+		n, last := a.Foreign()
+		writeJSON(w, http.StatusOK, StatusResponse{Engines: a.Status(), InFlight: a.loop.InFlight(), ForeignLocalNames: n, LastForeign: last})
 	}))
 	mux.HandleFunc("/v1/pins", only(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
 		pins, err := a.Pins(r.Context())

@@ -1,6 +1,8 @@
 package agent_test
 
 import (
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -23,5 +25,35 @@ func TestConfigRefusesYAMLBooleanOverrides(t *testing.T) {
 	}
 	if _, err := agent.ParseConfig([]byte("overrides:\n  vllm: none\n  sglang: auto\n")); err != nil {
 		t.Errorf("none and auto: %v", err)
+	}
+}
+
+// The packages' /etc/gpupin/agent.yaml (deploy/systemd/agent.yaml) is a
+// valid config as installed (all comments: no wants), and so are its
+// commented examples once uncommented.
+func TestPackagedAgentYAML(t *testing.T) {
+	data, err := os.ReadFile("../deploy/systemd/agent.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uncommented := regexp.MustCompile(`(?m)^#(wants:|overrides:|  )`).ReplaceAll(data, []byte("$1"))
+	for _, tc := range []struct {
+		name      string
+		data      []byte
+		wants     int
+		overrides int
+	}{
+		{"as installed", data, 0, 0},
+		{"examples uncommented", uncommented, 2, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := agent.ParseConfig(tc.data)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, tc.data)
+			}
+			if len(cfg.Wants) != tc.wants || len(cfg.Overrides) != tc.overrides {
+				t.Fatalf("%d wants and %d overrides, want %d and %d:\n%s", len(cfg.Wants), len(cfg.Overrides), tc.wants, tc.overrides, tc.data)
+			}
+		})
 	}
 }

@@ -20,6 +20,7 @@ type Metrics struct {
 	duration  *prometheus.HistogramVec
 	probes    *prometheus.CounterVec
 	pullBytes *prometheus.CounterVec
+	foreign   prometheus.Counter
 
 	mu       sync.Mutex
 	lastDone map[string]int64 // per pulled reference: bytes already counted
@@ -46,9 +47,13 @@ func NewMetrics(status func() []provision.Status, now func() time.Time) *Metrics
 			Name: "gpupin_pull_bytes_total",
 			Help: "Bytes of image layers fetched, by engine.",
 		}, []string{"engine"}),
+		foreign: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpupin_foreign_local_names_total",
+			Help: "Records of a node-local name (gpupin.local/…) that gpupin did not write on this node, pulled from a peer through a mirror or made by hand, that it replaced or removed.",
+		}),
 		lastDone: map[string]int64{},
 	}
-	m.reg.MustRegister(m.duration, m.probes, m.pullBytes, &statusCollector{status: status, now: now})
+	m.reg.MustRegister(m.duration, m.probes, m.pullBytes, m.foreign, &statusCollector{status: status, now: now})
 	return m
 }
 

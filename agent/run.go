@@ -109,6 +109,8 @@ func Run(ctx context.Context, cfg RunConfig) error {
 	}
 	loop = provision.NewLoop(provision.New(rt, popts...), lopts)
 	a = New(loop, rt, cfg.Options)
+	a.metrics = metrics
+	defer rt.OnForeign(nil)
 	if cri, err := rt.CRIPinning(ctx); err == nil {
 		// Under Kubernetes this decides who keeps a pin from kubelet's
 		// image GC: the CRI plugin, or gpupin's restore.
@@ -118,6 +120,14 @@ func Run(ctx context.Context, cfg RunConfig) error {
 		}
 		log.Log(ctx, level, "containerd "+cri.Version+": "+cri.Note, "namespace", rt.Namespace(), "cri_keeps_pins", cri.Kept,
 			"cri_pinning", cri.How, "cri_image", cri.Image)
+	}
+	if ln, err := rt.LocalNames(ctx); err != nil {
+		log.Warn("hosts configuration not read", "err", err)
+	} else if ln.Warning != "" {
+		log.Warn("node-local names: " + ln.Warning)
+	}
+	if ls, err := rt.LayerStorage(ctx); err == nil {
+		log.Info("layer blobs: "+ls.Summary, "namespace", rt.Namespace(), "hosts_dir", ls.HostsDir)
 	}
 	if err := a.Reload(); err != nil {
 		// At start there is no last good reading to keep.

@@ -147,7 +147,14 @@ func (a *Agent) recover(ctx context.Context) {
 		a.opts.Logger.Warn("recovering pins failed", "err", err)
 	}
 	for _, r := range done {
-		a.opts.Logger.Info("pin "+r.Action, "key", r.Key, "ref", r.Ref, "detail", r.Detail)
+		switch {
+		case r.Action == "foreign" && a.hooked:
+			// Reported as the runtime found it (foundForeign).
+		case r.Action == "foreign":
+			a.foundForeign(r)
+		default:
+			a.opts.Logger.Info("pin "+r.Action, "key", r.Key, "ref", r.Ref, "detail", r.Detail)
+		}
 	}
 	if len(done) > 0 {
 		a.loop.Kick()

@@ -346,8 +346,6 @@ const leverDefault = "gpupin pipeline, streamed, parallel (the default)"
 var leverRows = []lever{
 	{name: "containerd's unpacker (gpupin before this change)", what: "client.Pull WithPullUnpack: each layer fetched into the content store, then applied by the daemon, one after another",
 		env: []string{runtime.EnvUnpack + "=containerd"}},
-	{name: "+ containerd's parallel unpack", what: "WithUnpackLimiter: layers applied at once and rebased at commit",
-		env: []string{runtime.EnvUnpack + "=containerd-parallel"}, rebaseOnly: true},
 	{name: "gpupin pipeline, daemon applies", what: "every layer fetched at once; the daemon's diff service applies each once it is in",
 		env: []string{runtime.EnvUnpack + "=daemon"}},
 	{name: "gpupin pipeline, streamed, one layer at a time", what: "extracted here while downloading; serial, as on containerd 1.6",

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
+	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/runtime"
 )
@@ -373,5 +374,100 @@ func TestCLIUsageErrorsExitTwoThroughTheBinary(t *testing.T) {
 				t.Errorf("stderr lacks %q once:\n%s", tc.want, stderr.String())
 			}
 		})
+	}
+}
+
+// An unknown --probe is a usage error (exit 2) before any registry is
+// read, for every engine: vllm and sglang bring a probe of their own, so
+// the library would never look at it, and for others it failed only after
+// the registry had answered, with exit 1.
+func TestCLIUnknownProbeIsAUsageErrorBeforeTheRegistry(t *testing.T) {
+	reg := testenv.Registry(t)
+	c := newCLI(t, reg)
+	for _, cmd := range []string{"provision", "probe"} {
+		for _, engine := range []string{"vllm", "sglang", "eng"} {
+			t.Run(cmd+" "+engine, func(t *testing.T) {
+				reg.Reset()
+				out, code := c.run(cmd, reg.Host+"/"+engine+":1.0", "--probe", "bogus")
+				if code != 2 || !strings.Contains(out, `--probe bogus: unknown probe "bogus"`) {
+					t.Fatalf("exit %d (want 2), output:\n%s", code, out)
+				}
+				if reqs := reg.Requests(); len(reqs) != 0 {
+					t.Fatalf("the registry was read before the flag was refused: %+v", reqs)
+				}
+			})
+		}
+	}
+}
+
+// CONTAINERD_NAMESPACE set but empty is the default namespace, not "":
+// containerd refuses every call in namespace "" ("namespace is required").
+func TestCLIEmptyNamespaceVariableIsTheDefault(t *testing.T) {
+	d := testenv.Containerd(t)
+	cmd := exec.Command(gpupinBin, "--address", d.Address, "--node", filepath.Join("..", "examples", "nodes", "h100-driver580.json"), "pins", "--json")
+	cmd.Env = append(os.Environ(), "CONTAINERD_NAMESPACE=")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("gpupin pins with CONTAINERD_NAMESPACE= : %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "namespace is required") {
+		t.Fatalf("output:\n%s", out)
+	}
+}
+
+// A gpupin built alone (`go build ./cmd/gpupin`, `go install`) has no probe
+// programs beside it: a provision that needs one says, before it pulls
+// anything, the exact command that puts them there, and that command
+// works.
+func TestCLISimulatedProbeProgramsMissingSaysHowBeforeThePull(t *testing.T) {
+	reg := testenv.Registry(t)
+	if _, err := sandbox.PublishEngine(context.Background(), reg.Host, "eng", "5.0",
+		[]sandbox.EngineVariant{{Name: "cu129", CUDA: "12.9", Archs: "9.0"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/usr/lib/gpupin/" + probe.CUDAProbeName); err == nil {
+		t.Fatal("/usr/lib/gpupin holds the probe programs (a gpupin package is installed): gpupin would find them there; dpkg -P gpupin first")
+	}
+	alone := t.TempDir()
+	bin := filepath.Join(alone, "gpupin")
+	data, err := os.ReadFile(gpupinBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := newCLI(t, reg)
+	provision := func() (string, int) {
+		args := append(append([]string{}, c.base...), "provision", reg.Host+"/eng:5.0",
+			"--runc-root", testenv.Containerd(t).RuncRoot, "--probe-dir", filepath.Join(c.dir, "probe"))
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), probe.EnvLibDir+"=")
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return string(out), ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), 0
+	}
+	reg.Reset()
+	out, code := provision()
+	hint := "`CGO_ENABLED=0 go build -o " + alone + "/ ./cmd/gpupin-cuda-probe ./cmd/gpupin-sim-probe`"
+	if code != 1 || !strings.Contains(out, "no gpupin-cuda-probe binary") || !strings.Contains(out, hint) {
+		t.Fatalf("exit %d (want 1), output lacks %s:\n%s", code, hint, out)
+	}
+	if n := reg.Count("blob", ""); n != 0 {
+		t.Fatalf("%d blob requests before the missing probe was said", n)
+	}
+
+	// The command as printed, run in the checkout, and the provision passes.
+	build := exec.Command("/bin/sh", "-c", strings.Trim(hint, "`"))
+	build.Dir = ".."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", hint, err, out)
+	}
+	if out, code := provision(); code != 0 {
+		t.Fatalf("provision after the probes were built: exit %d\n%s", code, out)
 	}
 }

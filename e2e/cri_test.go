@@ -171,20 +171,23 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 	}
 	local := pin.Local
 
+	// Measured (docs/operations.md): 1.6.20 does not report pins as
+	// pinned; 1.7.35, 2.1.9 and 2.4.2 do.
+	kept := e.d.Major >= 2 || strings.HasPrefix(e.d.Version, "1.7.")
 	found, pinned, raw := e.inspecti(local)
 	t.Logf("containerd %s: crictl inspecti %s: found %v, pinned %v", e.d.Version, local, found, pinned)
 	switch {
 	case !found:
 		t.Fatalf("CRI does not know %s: %s", local, raw)
-	case e.d.Major >= 2 && !pinned:
+	case kept && !pinned:
 		t.Fatalf("containerd %s's CRI does not report %s pinned:\n%s", e.d.Version, local, raw)
-	case e.d.Major < 2 && pinned:
+	case !kept && pinned:
 		t.Logf("containerd %s's CRI reports pinned images now: update docs/operations.md", e.d.Version)
 	}
 	if out := e.must("images"); !strings.Contains(out, "gpupin.local/demo") {
 		t.Fatalf("crictl images lacks the local name:\n%s", out)
 	}
-	if got := runtime.CRIPinningOf(e.d.Version); got.Kept != (e.d.Major >= 2) || got.How != runtime.CRIJudged {
+	if got := runtime.CRIPinningOf(e.d.Version); got.Kept != kept || got.How != runtime.CRIJudged {
 		t.Errorf("CRIPinningOf(%s) = %+v", e.d.Version, got)
 	}
 	// Seen, not judged: the CRI plugin is asked about the local name, and
@@ -195,7 +198,7 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 	if err != nil || cri.How != runtime.CRISeen || cri.Image != local || cri.Kept != pinned || cri.Version != e.d.Version {
 		t.Fatalf("CRIPinning = %+v, %v; want seen on %s, pinned %v as crictl says", cri, err, local, pinned)
 	}
-	if cri.Kept != (e.d.Major >= 2) {
+	if cri.Kept != kept {
 		t.Errorf("containerd %s's CRI plugin says pinned %v: docs/operations.md says otherwise", e.d.Version, cri.Kept)
 	}
 
@@ -212,10 +215,10 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 		t.Fatalf("gpupin detect: %v\n%s", err, out)
 	}
 	note := "no notion of pinned images"
-	if e.d.Major >= 2 {
+	if kept {
 		note = "reports pins as pinned"
 	}
-	seen := fmt.Sprintf("(seen: the CRI plugin reports %s pinned: %v)", local, e.d.Major >= 2)
+	seen := fmt.Sprintf("(seen: the CRI plugin reports %s pinned: %v)", local, kept)
 	if !strings.Contains(string(out), "containerd:  "+e.d.Version) || !strings.Contains(string(out), note) || !strings.Contains(string(out), seen) {
 		t.Fatalf("gpupin detect does not say %q and %q:\n%s", note, seen, out)
 	}
@@ -225,7 +228,7 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 		Containerd *runtime.CRIPinning `json:"containerd"`
 	}
 	if err != nil || json.Unmarshal(out, &facts) != nil || facts.Driver != "575.57.08" || facts.Containerd == nil ||
-		facts.Containerd.How != runtime.CRISeen || facts.Containerd.Kept != (e.d.Major >= 2) || facts.Containerd.Image != local {
+		facts.Containerd.How != runtime.CRISeen || facts.Containerd.Kept != kept || facts.Containerd.Image != local {
 		t.Fatalf("gpupin detect --json: %v:\n%s", err, out)
 	}
 

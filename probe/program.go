@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 
 	"github.com/gpupin/gpupin/probe/torch"
@@ -176,8 +177,51 @@ func findBinary(name, explicit string) (string, error) {
 	if p, ok := try(filepath.Join(libDir, name)); ok {
 		return p, nil
 	}
-	return "", fmt.Errorf("no %s binary (looked in %s); build it with `CGO_ENABLED=0 go build ./cmd/%s` and put it beside gpupin",
-		name, strings.Join(tried, ", "), name)
+	return "", fmt.Errorf("no %s binary (looked in %s); %s", name, strings.Join(tried, ", "), installHint(name))
+}
+
+// modulePath is the module the probe programs are part of.
+const modulePath = "github.com/gpupin/gpupin"
+
+// installHint says how to put a probe program where gpupin finds it: the
+// exact command for this gpupin's version and directory. `go build` and
+// `go install` of gpupin make gpupin alone; the probes are programs of
+// their own, static (no cgo), since they run inside other images.
+func installHint(name string) string {
+	dir := ""
+	if exe, err := executable(); err == nil {
+		if resolved, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = resolved
+		}
+		dir = filepath.Dir(exe)
+	}
+	version := ""
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Path == modulePath && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		version = bi.Main.Version
+	}
+	if dir == "" {
+		return fmt.Sprintf("install the probe programs with `CGO_ENABLED=0 go install %s/cmd/gpupin-cuda-probe@latest %s/cmd/gpupin-sim-probe@latest` into gpupin's directory, or into %s", modulePath, modulePath, libDir)
+	}
+	if version != "" {
+		// gpupin came from go install: the same version, into its directory.
+		return fmt.Sprintf("install the probe programs beside gpupin: `CGO_ENABLED=0 GOBIN=%s go install %s/cmd/gpupin-cuda-probe@%s %s/cmd/gpupin-sim-probe@%s`",
+			dir, modulePath, version, modulePath, version)
+	}
+	return fmt.Sprintf("build the probe programs beside gpupin, in gpupin's checkout: `CGO_ENABLED=0 go build -o %s/ ./cmd/gpupin-cuda-probe ./cmd/gpupin-sim-probe` (or `make build`)", dir)
+}
+
+// Binary is the host program probe k bind-mounts, found as Build finds it
+// (opt's CUDAProbeBinary and SimProbeBinary, $GPUPIN_LIBDIR, beside
+// gpupin, libDir): "" for a probe that mounts none (torch, exec). A
+// provision asks before it pulls, so that a missing program costs no pull.
+func Binary(k Kind, opt Options) (string, error) {
+	switch k {
+	case CUDA:
+		return findBinary(CUDAProbeName, opt.CUDAProbeBinary)
+	case Sim:
+		return findBinary(SimProbeName, opt.SimProbeBinary)
+	}
+	return "", nil
 }
 
 // stage writes content into dir under a name carrying its hash, so that

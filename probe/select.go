@@ -37,13 +37,21 @@ func Select(annotation, engine, fallback string) (Kind, error) {
 		return k, nil
 	}
 	if f := strings.TrimSpace(fallback); f != "" {
-		k, err := lookupKind(f, append(imageKinds[:len(imageKinds):len(imageKinds)], Sim))
+		k, err := ParseDefault(f)
 		if err != nil {
 			return "", fmt.Errorf("default probe: %w", err)
 		}
 		return k, nil
 	}
 	return CUDA, nil
+}
+
+// ParseDefault checks an operator's default probe (--probe): an image's
+// kinds or sim. Callers check it where it is given, before any image is
+// read, since Select sees it only for engines without a default of their
+// own.
+func ParseDefault(name string) (Kind, error) {
+	return lookupKind(strings.TrimSpace(name), append(imageKinds[:len(imageKinds):len(imageKinds)], Sim))
 }
 
 func lookupKind(name string, accepted []Kind) (Kind, error) {

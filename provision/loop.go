@@ -83,8 +83,9 @@ type loopResult struct {
 	err error // the run's context ended: the result answers nothing
 }
 
-// NewLoop makes a Loop over p. It adds its own observer to p's OnState, to
-// report intermediate states: make the Loop before p is used concurrently.
+// NewLoop makes a Loop over p. p is not changed: the Loop sees the
+// intermediate states of its own runs only, through their context, so
+// loops and other callers can share one Provisioner.
 func NewLoop(p *Provisioner, opts LoopOptions) *Loop {
 	if opts.Recheck <= 0 {
 		opts.Recheck = 10 * time.Minute
@@ -105,7 +106,6 @@ func NewLoop(p *Provisioner, opts LoopOptions) *Loop {
 		opts.Logger = p.opts.Logger
 	}
 	l := &Loop{p: p, opts: opts, kick: make(chan struct{}, 1), entries: map[string]*entry{}}
-	p.opts.OnState = append(p.opts.OnState, l.observe)
 	return l
 }
 
@@ -445,7 +445,7 @@ func (l *Loop) launch(ctx context.Context, now time.Time, results chan<- loopRes
 		l.inFlight++
 		go func() {
 			defer cancel()
-			st := l.p.Provision(rctx, w)
+			st := l.p.Provision(withObserver(rctx, l.observe), w)
 			results <- loopResult{key: key, gen: gen, st: st, err: rctx.Err()}
 		}()
 	}

@@ -125,7 +125,7 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 	defer func() {
 		st.At = time.Now()
 		st.Duration = st.At.Sub(start)
-		p.emit(st)
+		p.emit(ctx, st)
 	}()
 	if err := ValidateWant(w); err != nil {
 		return st.fail(err)
@@ -177,7 +177,7 @@ func (p *Provisioner) planProvision(ctx context.Context, st *Status, w Want) (*P
 	}
 	if pin, _ := p.pinFor(w, pins, facts); pin == nil || !facts.Supported() {
 		st.State, st.Detail = Resolving, "resolving "+w.Ref
-		p.emit(*st)
+		p.emit(ctx, *st)
 	}
 	return p.plan(ctx, w, facts, pins)
 }
@@ -299,9 +299,13 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 	fail := func(stage string, err error, out string) {
 		attempt = &Attempt{Variant: c.Variant, Ref: c.Ref, Stage: stage, Reason: err.Error(), Output: out, Err: err}
 	}
+	if err := p.probeProgramsFound(c, facts); err != nil {
+		fail("probe", err, "")
+		return pin, verdict, attempt
+	}
 	err := p.rt.WithLease(ctx, func(ctx context.Context) error {
 		st.State, st.Attempted, st.Detail = Pulling, c.Variant, "pulling "+c.Ref
-		p.emit(*st)
+		p.emit(ctx, *st)
 		watch := p.watchPull(ctx, *st)
 		pulled, err := p.rt.Pull(ctx, c.Ref, runtime.PullOptions{Platform: facts.Platform, MediaType: c.MediaType, Progress: func(pr runtime.Progress) {
 			watch.progress(pr)
@@ -315,7 +319,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 			return nil
 		}
 		st.State, st.Detail = Probing, "probing "+pulled.Name
-		p.emit(*st)
+		p.emit(ctx, *st)
 		probing(ctx) // WithPrefetch: the next candidate is fetched meanwhile
 		v, out, err := p.Probe(ctx, pulled.Name, c.Meta, st.Engine, facts)
 		if err != nil {
@@ -350,6 +354,24 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		fail("lease", err, "")
 	}
 	return pin, verdict, attempt
+}
+
+// probeProgramsFound checks, before c is pulled, that the host programs
+// its probe mounts are there: the candidate's probe's, and on a simulated
+// node the emulator's, which a fixture asks for in its config, read only
+// after the pull. A gpupin from `go build` or `go install` has none.
+func (p *Provisioner) probeProgramsFound(c images.Candidate, facts *node.Facts) error {
+	kinds := []probe.Kind{probe.Kind(c.Probe)}
+	if facts.Simulated {
+		kinds = append(kinds, probe.Sim)
+	}
+	opts := probe.Options{CUDAProbeBinary: p.opts.CUDAProbeBinary, SimProbeBinary: p.opts.SimProbeBinary}
+	for _, k := range kinds {
+		if _, err := probe.Binary(k, opts); err != nil {
+			return fmt.Errorf("%s probe: %w", k, err)
+		}
+	}
+	return nil
 }
 
 // pullWatch reports a pull that stopped moving (less than the registry
@@ -402,7 +424,7 @@ func (p *Provisioner) watchPull(ctx context.Context, st Status) *pullWatch {
 			}
 			if detail != st.Detail {
 				st.Detail = detail
-				p.emit(st)
+				p.emit(ctx, st)
 			}
 		}
 	}()
@@ -422,10 +444,24 @@ func (w *pullWatch) progress(pr runtime.Progress) {
 
 func (w *pullWatch) stop() { close(w.stopped) }
 
-func (p *Provisioner) emit(st Status) {
+// emit tells st to the provisioner's observers (WithOnState) and to the
+// one the caller's context carries (withObserver).
+func (p *Provisioner) emit(ctx context.Context, st Status) {
 	for _, fn := range p.opts.OnState {
 		fn(st)
 	}
+	if fn, ok := ctx.Value(observerKey{}).(func(Status)); ok {
+		fn(st)
+	}
+}
+
+type observerKey struct{}
+
+// withObserver makes ctx carry fn, which sees the states of the provisions
+// run under ctx: a Loop sees its own runs without adding itself to the
+// Provisioner's observers, which every other user of it would then feed.
+func withObserver(ctx context.Context, fn func(Status)) context.Context {
+	return context.WithValue(ctx, observerKey{}, fn)
 }
 
 // compactVerdict is the verdict as the pin's label keeps it: small.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
@@ -36,13 +37,25 @@ type Runtime struct {
 	localPrefix string // of the node-local names (local.go)
 	keepLayers  bool   // store every layer's blob, even one extracted here (direct.go)
 	flush       *flusher
+
+	foreignMu sync.Mutex
+	onForeign func(Recovered) // OnForeign
 }
 
 // Opt configures a Runtime.
 type Opt func(*Runtime)
 
-// WithNamespace sets the containerd namespace (default gpupin).
-func WithNamespace(ns string) Opt { return func(r *Runtime) { r.namespace = ns } }
+// WithNamespace sets the containerd namespace (default gpupin). An empty
+// one keeps the default: CONTAINERD_NAMESPACE= (set, but empty) reaches
+// here as "", and containerd would refuse every call with "namespace is
+// required".
+func WithNamespace(ns string) Opt {
+	return func(r *Runtime) {
+		if ns != "" {
+			r.namespace = ns
+		}
+	}
+}
 
 // WithSnapshotter sets the snapshotter (default overlayfs).
 func WithSnapshotter(s string) Opt { return func(r *Runtime) { r.snapshotter = s } }

@@ -41,3 +41,6 @@ func SetRecoverLockWait(d time.Duration) (restore func()) {
 	recoverLockWait = d
 	return func() { recoverLockWait = old }
 }
+
+// LowerDirs is lowerDirs: the layer directories a view's mounts name.
+var LowerDirs = lowerDirs

@@ -141,10 +141,14 @@ func applyStream(ctx context.Context, dir string, r io.Reader, slot *zstdSlot, o
 }
 
 // bindToOverlay turns the bind mount of a parentless snapshot into an
-// overlay mount of its upper directory alone, so that the diff service
-// converts whiteouts (containerd's unpacker does the same for parallel
-// unpack, until containerd#13053).
-func bindToOverlay(mounts []mount.Mount) []mount.Mount {
+// overlay mount of its upper directory over parents (its chain's layer
+// directories, top first), so that the diff service converts whiteouts
+// and gives a directory the layer does not name its parent's attributes,
+// as it does for a snapshot prepared on its parent. The daemon writes
+// into the upper directory and mounts nothing. (containerd's own parallel
+// unpack passes no lower directories, and so makes such directories
+// 0755 root-owned.)
+func bindToOverlay(mounts []mount.Mount, parents []string) []mount.Mount {
 	if len(mounts) != 1 || mounts[0].Type != "bind" {
 		return mounts
 	}
@@ -155,5 +159,8 @@ func bindToOverlay(mounts []mount.Mount) []mount.Mount {
 		}
 	}
 	m.Options = append(m.Options, "upperdir="+mounts[0].Source)
+	if len(parents) > 0 {
+		m.Options = append(m.Options, "lowerdir="+strings.Join(parents, ":"))
+	}
 	return []mount.Mount{m}
 }

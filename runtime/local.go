@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -8,14 +9,20 @@ import (
 	"strings"
 
 	"github.com/distribution/reference"
+
+	"github.com/gpupin/gpupin/registry"
 )
 
 // DefaultLocalPrefix is where a pin's node-local name lives unless
 // WithLocalPrefix says otherwise: gpupin.local/ENGINE:VERSION. The .local
 // domain is reserved for link-local names (RFC 6762), so no registry
-// answers for it, and nothing can be pulled under it: a pod with
-// imagePullPolicy: Never that names it starts from this node's proof, or
-// fails with ErrImageNeverPull on a node that has none.
+// answers for it; but a peer-to-peer mirror (Spegel) that mirrors every
+// registry serves its peers' records of it, so a pull of the name can
+// succeed with another node's image. A pod with imagePullPolicy: Never
+// that names it starts from this node's proof, or fails with
+// ErrImageNeverPull on a node that has none; a record of the name that
+// gpupin did not write here is foreign (foreignLocal), and Recover
+// replaces or removes it.
 const DefaultLocalPrefix = "gpupin.local"
 
 // Labels of the node-local name records.
@@ -24,6 +31,13 @@ const (
 	// the pin it stands for. gc and unpin find local names by it, whatever
 	// prefix made them.
 	LabelLocal = "io.gpupin.local"
+	// LabelLocalPin is gpupin's marker on a local-name record it wrote:
+	// the name of the pin record (REPO@sha256:…) the local name stands
+	// for. It counts only while that record, in this namespace, is (or
+	// was) the pin of the key and has the local record's target: it binds
+	// the local name to a proof made on this node, so labels copied from
+	// another node's record, or onto another image, do not make one.
+	LabelLocalPin = "io.gpupin.local.pin"
 	// LabelRestored is on a pin record Recover put back after another
 	// client removed or relabelled it: when (RFC 3339).
 	LabelRestored = "io.gpupin.restored"
@@ -114,4 +128,37 @@ func LocalName(prefix, key string) (string, error) {
 		return "", fmt.Errorf("local name of %s: %s normalises to %s", key, name, n)
 	}
 	return name, nil
+}
+
+// LocalNames is what a person should know of the node-local names here.
+type LocalNames struct {
+	Prefix string `json:"prefix"`
+	// Mirror is the hosts configuration that counts for the prefix's
+	// host: its own directory, or _default.
+	Mirror registry.Mirrors `json:"mirror"`
+	// Warning, when a mirror is named: what to add to its filters.
+	Warning string `json:"warning,omitempty"`
+}
+
+// LocalNames says whether containerd's hosts configuration names a mirror
+// for the local prefix's host. A peer-to-peer mirror configured for every
+// registry (Spegel writes _default) serves and advertises each node's
+// records of PREFIX/…: a pull of a local name (an IfNotPresent pod, an
+// operator's crictl pull) then gets another node's image, one this node
+// never proved. Recover replaces or removes such a record on its next
+// pass; the mirror's filters keep it from happening.
+func (r *Runtime) LocalNames(ctx context.Context) (LocalNames, error) {
+	host, _, _ := strings.Cut(r.localPrefix, "/")
+	m, err := r.registry.Mirrors(ctx, host)
+	ln := LocalNames{Prefix: r.localPrefix, Mirror: m}
+	if err != nil || !m.Mirrored() {
+		return ln, err
+	}
+	re := "^" + regexp.QuoteMeta(r.localPrefix+"/")
+	ln.Warning = fmt.Sprintf("%s names a mirror (%s) for %s, so a pull of a node-local name %s/ENGINE:VERSION can get another node's image, one this node never proved. "+
+		"Add %s to the mirror's registry filters (Spegel: the chart's spegel.registryFilters, or --registry-filters), or list only the registries you use in its mirroredRegistries "+
+		"so it writes no _default; keep imagePullPolicy: Never on pods that name %s/ (deploy/kubernetes/local-names-policy.yaml refuses the others). "+
+		"gpupin replaces or removes a record of a local name it did not write on its next sweep",
+		m.File, strings.Join(m.Hosts, ", "), host, r.localPrefix, re, r.localPrefix)
+	return ln, nil
 }

@@ -173,7 +173,8 @@ func (r *Runtime) ListPins(ctx context.Context) ([]Pin, error) {
 	out := make([]Pin, 0, len(best)+len(bad))
 	for _, p := range best {
 		for _, l := range locals[p.Key] {
-			if l.Target.Digest.String() == p.Digest {
+			// Only the name gpupin wrote for this pin counts (foreignLocal).
+			if l.Target.Digest.String() == p.Digest && l.Labels[LabelLocalPin] == p.Ref {
 				p.Local = l.Name
 				break
 			}

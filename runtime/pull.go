@@ -116,7 +116,7 @@ func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulle
 		client.WithPullLabels(labels),
 		client.WithImageHandler(images.HandlerFunc(tracker.observe)),
 		client.WithMaxConcurrentDownloads(4),
-	}, r.unpackOpts(strategy, r.newUnpacker(strategy, sr, staging, tracker, r.storeLayers(ctx, strategy, ref)))...)
+	}, r.unpackOpts(strategy, r.newUnpacker(strategy, sr, staging, ref, tracker, r.storeLayers(ctx, strategy, ref)))...)
 	img, err := r.client.Pull(ctx, staging, pullOpts...)
 	stop(err == nil)
 	if err != nil && sr.refused != nil {

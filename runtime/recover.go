@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
@@ -165,15 +167,23 @@ type Recovered struct {
 	//   proof:      a pin without a proof (made before proofs were kept,
 	//               or a step cut short) got one;
 	//   local:      the key's local name was made or moved to its pin;
-	//   cleared:    a key without a pin lost its local names and lease.
+	//   cleared:    a key without a pin lost its local names and lease;
+	//   foreign:    a record of a local name that gpupin did not write on
+	//               this node (a pull, from a peer through a mirror, or
+	//               one made by hand) was replaced by the node's own, or
+	//               removed where the node has no pin of the key (Detail
+	//               says which, and what it pointed at).
 	Action string `json:"action"`
 	Detail string `json:"detail,omitempty"`
 }
 
 // keyState is what containerd holds for one key.
 type keyState struct {
-	pins   []images.Image // records labelled io.gpupin.pin=key
-	locals []images.Image // records labelled io.gpupin.local=key
+	pins []images.Image // records labelled io.gpupin.pin=key
+	// locals are the records labelled io.gpupin.local=key, and a record
+	// of the key's local name under this runtime's prefix that is not
+	// (foreign: a pull of the name, ctr tag).
+	locals []images.Image
 	lease  bool
 	proofs []storedProof
 }
@@ -231,7 +241,8 @@ func (r *Runtime) settled(key string, s *keyState) bool {
 	own := r.LocalName(key)
 	found := own == ""
 	for _, l := range s.locals {
-		if l.Target.Digest != best.Target.Digest || l.Target.MediaType != best.Target.MediaType {
+		if l.Target.Digest != best.Target.Digest || l.Target.MediaType != best.Target.MediaType ||
+			l.Labels[LabelLocal] != key || l.Labels[LabelLocalPin] != best.Name {
 			return false
 		}
 		found = found || l.Name == own
@@ -280,6 +291,14 @@ func (r *Runtime) Recover(ctx context.Context) ([]Recovered, error) {
 	var out []Recovered
 	var errs []error
 	for _, key := range keys {
+		if key == strayKey {
+			done, err := r.removeStrays(ctx, states[key].locals)
+			out = append(out, done...)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
 		if r.settled(key, states[key]) {
 			continue
 		}
@@ -342,6 +361,42 @@ func (r *Runtime) keyStates(ctx context.Context, only string) (map[string]*keySt
 		s := state(img.Labels[LabelLocal])
 		s.locals = append(s.locals, img)
 	}
+	// A record under the prefix that carries no io.gpupin.local label is
+	// nobody's local name, yet pods that name it run it: a pull of the
+	// name (through a peer-to-peer mirror that serves another node's
+	// record), ctr tag. It joins the key whose name it has, or the strays.
+	var named []images.Image
+	if only != "" {
+		img, err := is.Get(ctx, r.LocalName(only))
+		if err != nil && !errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("get the local name of %s: %w", only, err)
+		}
+		if err == nil {
+			named = append(named, img)
+		}
+	} else {
+		named, err = is.List(ctx, fmt.Sprintf("name~=%q", "^"+regexp.QuoteMeta(r.localPrefix+"/")))
+		if err != nil {
+			return nil, fmt.Errorf("list records under %s/: %w", r.localPrefix, err)
+		}
+	}
+	for _, img := range named {
+		l := img.Labels
+		if l[LabelLocal] != "" {
+			continue // listed above
+		}
+		key := only
+		if key == "" {
+			key = r.localNameKey(img.Name, states)
+		}
+		if key == strayKey && (l[LabelPin] != "" || l[LabelPrevious] != "" || l[LabelRole] != "") {
+			// gpupin's record of another kind (a pin of an image named
+			// under the prefix), never a local name: not a stray.
+			continue
+		}
+		s := state(key)
+		s.locals = append(s.locals, img)
+	}
 	ls := r.client.LeasesService()
 	lf := fmt.Sprintf(`labels.%q==%q`, LabelRole, PinLeaseRole)
 	if only != "" {
@@ -381,10 +436,40 @@ func (r *Runtime) keyStates(ctx context.Context, only string) (map[string]*keySt
 	return states, nil
 }
 
+// OnForeign sets f to hear of every record of a node-local name that
+// gpupin did not write and that was replaced or removed (Action
+// "foreign"), whichever step found it: Recover (the agent's pass, Pins)
+// or a pin. The agent reports them; nil stops it.
+func (r *Runtime) OnForeign(f func(Recovered)) {
+	r.foreignMu.Lock()
+	r.onForeign = f
+	r.foreignMu.Unlock()
+}
+
+func (r *Runtime) reportForeign(done []Recovered) {
+	r.foreignMu.Lock()
+	f := r.onForeign
+	r.foreignMu.Unlock()
+	if f == nil {
+		return
+	}
+	for _, d := range done {
+		if d.Action == "foreign" {
+			f(d)
+		}
+	}
+}
+
 // fixKey makes the key's proof, lease and local names follow its pin,
 // restoring the pin from its proof when another client took it. The
 // caller holds the key's pin lock.
 func (r *Runtime) fixKey(ctx context.Context, key string) ([]Recovered, error) {
+	done, err := r.fixKeyLocked(ctx, key)
+	r.reportForeign(done)
+	return done, err
+}
+
+func (r *Runtime) fixKeyLocked(ctx context.Context, key string) ([]Recovered, error) {
 	states, err := r.keyStates(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("pin %s: %w", key, err)
@@ -549,14 +634,22 @@ func (r *Runtime) dropProof(ctx context.Context, key string, l leases.Lease, on 
 // lease and its local names.
 func (r *Runtime) clearKey(ctx context.Context, key string, s *keyState) ([]Recovered, error) {
 	errs := []error{r.clearProofs(ctx, key, s)}
-	is := r.client.ImageService()
 	var out []Recovered
 	for _, l := range s.locals {
-		if err := is.Delete(ctx, l.Name); err != nil && !errdefs.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("pin %s: remove the local name %s: %w", key, l.Name, err))
+		rec := Recovered{Key: key, Ref: l.Name, Action: "cleared", Detail: "no pin: its local name is removed"}
+		why := r.foreignLocal(ctx, key, l, nil)
+		if why != "" {
+			rec.Action, rec.Detail = "foreign", why+"; this node has no pin of "+key+": "
+		}
+		done, err := r.dropLocal(ctx, l, why != "")
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pin %s: %w", key, err))
 			continue
 		}
-		out = append(out, Recovered{Key: key, Ref: l.Name, Action: "cleared", Detail: "no pin: its local name is removed"})
+		if rec.Action == "foreign" {
+			rec.Detail += done
+		}
+		out = append(out, rec)
 	}
 	if len(out) == 0 && (s.lease || len(s.proofs) > 0) {
 		out = append(out, Recovered{Key: key, Action: "cleared", Detail: "no pin: its proof and lease are removed"})
@@ -584,11 +677,84 @@ func (r *Runtime) clearProofs(ctx context.Context, key string, s *keyState) erro
 
 // localLabels are the labels of a local-name record of the pin cur.
 func localLabels(key string, cur images.Image) map[string]string {
-	return map[string]string{LabelLocal: key, LabelManaged: "true", LabelCreated: "true",
+	return map[string]string{LabelLocal: key, LabelLocalPin: cur.Name, LabelManaged: "true", LabelCreated: "true",
 		LabelCRIPinned: "pinned", LabelVariant: cur.Labels[LabelVariant]}
 }
 
-var localLabelKeys = []string{LabelLocal, LabelManaged, LabelCreated, LabelCRIPinned, LabelVariant}
+var localLabelKeys = []string{LabelLocal, LabelLocalPin, LabelManaged, LabelCreated, LabelCRIPinned, LabelVariant}
+
+// strayKey gathers the records under the prefix that are no key's local
+// name: nothing gpupin writes has such a name, so they are removed.
+const strayKey = ""
+
+// localNameKey is the key whose local name (under this runtime's prefix)
+// is name: one of the keys known, or the ENGINE:VERSION the name spells;
+// strayKey when none.
+func (r *Runtime) localNameKey(name string, known map[string]*keyState) string {
+	for k := range known {
+		if k != strayKey && r.LocalName(k) == name {
+			return k
+		}
+	}
+	rest := strings.TrimPrefix(name, r.localPrefix+"/")
+	if i := strings.LastIndex(rest, ":"); i > 0 && !strings.Contains(rest, "@") {
+		if k := rest[:i] + ":" + rest[i+1:]; r.LocalName(k) == name {
+			return k
+		}
+	}
+	return strayKey
+}
+
+// foreignLocal says why l, a record of a local name of key, is not one
+// gpupin wrote on this node; "" when it is. gpupin's marker names the pin
+// record the local name stands for, and counts only while that record is
+// (or was) the key's pin here, untampered, with l's target: a copy of
+// another node's labels names a pin this node does not have, and a copy
+// onto another image names a pin with another target. A record from
+// before the marker (io.gpupin.local=key, no marker) on cur's own target
+// is gpupin's: keepLocal marks it. cur is the key's pin, or nil.
+func (r *Runtime) foreignLocal(ctx context.Context, key string, l images.Image, cur *images.Image) string {
+	if l.Labels[LabelLocal] != key {
+		return fmt.Sprintf("%s, on %s, was not written by gpupin (no %s label: a pull of the name, from a peer through a mirror, or ctr tag)",
+			l.Name, l.Target.Digest, LabelLocal)
+	}
+	m := l.Labels[LabelLocalPin]
+	if m == "" {
+		if cur != nil && l.Target.Digest == cur.Target.Digest {
+			return ""
+		}
+		return fmt.Sprintf("%s, on %s, carries no %s marker and is not on this node's pin of %s", l.Name, l.Target.Digest, LabelLocalPin, key)
+	}
+	rec, err := r.client.ImageService().Get(ctx, m)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("%s, on %s, names the pin %s, which this node does not have (labels copied from another node's record)", l.Name, l.Target.Digest, m)
+	case tampered(rec) || rec.Target.Digest != l.Target.Digest:
+		return fmt.Sprintf("%s is on %s, but the pin it names, %s, is on %s (labels copied onto another image)", l.Name, l.Target.Digest, m, rec.Target.Digest)
+	case rec.Labels[LabelPin] != key && rec.Labels[LabelPrevious] != key:
+		return fmt.Sprintf("%s names %s, which is no pin of %s on this node", l.Name, m, key)
+	}
+	return ""
+}
+
+// dropLocal removes a local-name record: gpupin's own, or any under the
+// prefix, is deleted; a foreign one of another name (gpupin's labels
+// copied onto someone's image) only loses gpupin's labels. It says which
+// it did.
+func (r *Runtime) dropLocal(ctx context.Context, l images.Image, foreign bool) (string, error) {
+	is := r.client.ImageService()
+	if !foreign || strings.HasPrefix(l.Name, r.localPrefix+"/") {
+		if err := is.Delete(ctx, l.Name); err != nil && !errdefs.IsNotFound(err) {
+			return "", fmt.Errorf("remove the local name %s: %w", l.Name, err)
+		}
+		return "removed", nil
+	}
+	l.Labels = nil
+	if _, err := is.Update(ctx, l, labelPaths(localLabelKeys)...); err != nil && !errdefs.IsNotFound(err) {
+		return "", fmt.Errorf("take gpupin's labels off %s: %w", l.Name, err)
+	}
+	return "gpupin's labels taken off it", nil
+}
 
 // keepLocal points the key's local names at cur: the one under this
 // runtime's prefix, made if missing, and any another prefix made, so
@@ -600,29 +766,67 @@ func (r *Runtime) keepLocal(ctx context.Context, key string, cur images.Image, l
 	var out []Recovered
 	ownFound := own == ""
 	for _, l := range locals {
-		ownFound = ownFound || l.Name == own
 		if l.Target.Digest == cur.Target.Digest && l.Target.MediaType == cur.Target.MediaType && sameLabels(l.Labels, want) {
+			ownFound = ownFound || l.Name == own
 			continue
 		}
+		rec := Recovered{Key: key, Ref: l.Name, Action: "local", Detail: "now " + cur.Name}
+		paths := append([]string{"target"}, labelPaths(localLabelKeys)...)
+		if why := r.foreignLocal(ctx, key, l, &cur); why != "" {
+			// Every label goes: ctr tag copies a candidate's role and owner.
+			paths = []string{"target", "labels"}
+			rec.Action = "foreign"
+			if l.Name != own && !strings.HasPrefix(l.Name, r.localPrefix+"/") {
+				// Not a name of gpupin's: it is let go, never repointed.
+				done, err := r.dropLocal(ctx, l, true)
+				if err != nil {
+					return out, fmt.Errorf("pin %s: %w", key, err)
+				}
+				rec.Detail = why + ": " + done
+				out = append(out, rec)
+				continue
+			}
+			rec.Detail = why + ": replaced by this node's own, on " + cur.Name
+		}
+		ownFound = ownFound || l.Name == own
 		l.Target, l.Labels = cur.Target, want
-		if _, err := is.Update(ctx, l, append([]string{"target"}, labelPaths(localLabelKeys)...)...); err != nil {
+		if _, err := is.Update(ctx, l, paths...); err != nil {
 			return out, fmt.Errorf("pin %s: move the local name %s: %w", key, l.Name, err)
 		}
-		out = append(out, Recovered{Key: key, Ref: l.Name, Action: "local", Detail: "now " + cur.Name})
+		out = append(out, rec)
 	}
 	if ownFound {
 		return out, nil
 	}
+	rec := Recovered{Key: key, Ref: own, Action: "local", Detail: "now " + cur.Name}
 	_, err := is.Create(ctx, images.Image{Name: own, Target: cur.Target, Labels: want})
 	if errdefs.IsAlreadyExists(err) {
-		// A record of that name that is not gpupin's local name: the name
-		// is under gpupin's prefix, so it is taken over.
-		_, err = is.Update(ctx, images.Image{Name: own, Target: cur.Target, Labels: want}, append([]string{"target"}, labelPaths(localLabelKeys)...)...)
+		// A record of that name made since the key's records were read,
+		// not by gpupin: the name is under gpupin's prefix, so it is
+		// taken over.
+		rec.Action, rec.Detail = "foreign", own+" appeared, not written by gpupin: replaced by this node's own, on "+cur.Name
+		_, err = is.Update(ctx, images.Image{Name: own, Target: cur.Target, Labels: want}, "target", "labels")
 	}
 	if err != nil {
 		return out, fmt.Errorf("pin %s: make the local name %s: %w", key, own, err)
 	}
-	return append(out, Recovered{Key: key, Ref: own, Action: "local", Detail: "now " + cur.Name}), nil
+	return append(out, rec), nil
+}
+
+// removeStrays removes the records under the prefix that are no key's
+// local name (a name gpupin never writes, pulled or made by hand).
+func (r *Runtime) removeStrays(ctx context.Context, strays []images.Image) (out []Recovered, err error) {
+	defer func() { r.reportForeign(out) }()
+	var errs []error
+	for _, l := range strays {
+		if err := r.client.ImageService().Delete(ctx, l.Name); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("remove %s: %w", l.Name, err))
+			continue
+		}
+		out = append(out, Recovered{Ref: l.Name, Action: "foreign", Detail: fmt.Sprintf(
+			"%s, on %s, is under gpupin's local prefix but is no local name gpupin writes (a pull of the name, or made by hand): removed", l.Name, l.Target.Digest)})
+	}
+	return out, errors.Join(errs...)
 }
 
 func sameLabels(have, want map[string]string) bool {

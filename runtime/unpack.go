@@ -21,6 +21,7 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/remotes"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/archive"
 	"github.com/containerd/containerd/v2/pkg/labels"
 	"github.com/containerd/errdefs"
 	"github.com/moby/sys/userns"
@@ -57,7 +58,14 @@ import (
 //	"serial"               gpupin's pipeline, one layer at a time
 //	"daemon"               gpupin's pipeline, every layer applied by the daemon's diff service
 //	"containerd"           containerd's unpacker, one layer at a time
-//	"containerd-parallel"  containerd's unpacker with its parallel unpack where the snapshotter can rebase
+//
+// Each makes the root filesystem containerd's own pull makes, attribute by
+// attribute (TestUnpackMatchesCtrPull). containerd's unpacker with its
+// parallel unpack is not offered: it makes a directory that a layer writes
+// into without naming it 0755 and root-owned (it extracts without the
+// parent layers underneath), so /tmp loses its sticky bit; gpupin's
+// parallel extraction gives such directories their parents' attributes
+// at commit (parents.go).
 const EnvUnpack = "GPUPIN_UNPACK"
 
 // errWrongDiffID is a layer whose files are not those its config names:
@@ -100,9 +108,9 @@ func (s unpackStrategy) String() string {
 func (r *Runtime) strategy(ctx context.Context) (unpackStrategy, error) {
 	mode := os.Getenv(EnvUnpack)
 	switch mode {
-	case "", "serial", "daemon", "containerd", "containerd-parallel":
+	case "", "serial", "daemon", "containerd":
 	default:
-		return unpackStrategy{}, fmt.Errorf("%s=%q: want serial, daemon, containerd or containerd-parallel (or unset)", EnvUnpack, mode)
+		return unpackStrategy{}, fmt.Errorf("%s=%q: want serial, daemon or containerd (or unset)", EnvUnpack, mode)
 	}
 	caps, err := r.client.GetSnapshotterCapabilities(ctx, r.snapshotter)
 	if err != nil {
@@ -111,8 +119,8 @@ func (r *Runtime) strategy(ctx context.Context) (unpackStrategy, error) {
 	}
 	rebase := slices.Contains(caps, snapshots.RebaseCap)
 	s := unpackStrategy{
-		containerd: strings.HasPrefix(mode, "containerd"),
-		parallel:   rebase && mode != "serial" && mode != "containerd",
+		containerd: mode == "containerd",
+		parallel:   rebase && (mode == "" || mode == "daemon"),
 		// Extraction here writes files as their owners and, on overlayfs,
 		// makes whiteout devices: it needs root outside a user namespace.
 		local: mode != "daemon" && r.snapshotter == "overlayfs" && os.Geteuid() == 0 && !userns.RunningInUserNS(),
@@ -123,13 +131,9 @@ func (r *Runtime) strategy(ctx context.Context) (unpackStrategy, error) {
 // pullOpts are the options that make client.Pull unpack as s says.
 func (r *Runtime) unpackOpts(s unpackStrategy, u *unpacker) []client.RemoteOpt {
 	if s.containerd {
-		opts := []client.RemoteOpt{client.WithPullUnpack}
-		if s.parallel {
-			opts = append(opts, client.WithUnpackOpts([]client.UnpackOpt{client.WithUnpackLimiter(semaphore.NewWeighted(unpackLayers))}))
-		}
-		return opts
+		return []client.RemoteOpt{client.WithPullUnpack, client.WithImageHandlerWrapper(u.labelled)}
 	}
-	return []client.RemoteOpt{client.WithImageHandlerWrapper(u.wrap)}
+	return []client.RemoteOpt{client.WithImageHandlerWrapper(func(h images.Handler) images.Handler { return u.wrap(u.labelled(h)) })}
 }
 
 // unpacker is gpupin's pipeline for one pull: a handler wrapper that takes
@@ -140,6 +144,7 @@ type unpacker struct {
 	strategy unpackStrategy
 	resolver remotes.Resolver
 	name     string // what the resolver fetches
+	source   source // the label every blob it stores gets
 	tracker  *tracker
 	pending  atomic.Int64
 	// keep stores every layer's blob: asked for (WithKeepLayers), or the
@@ -154,8 +159,8 @@ type unpacker struct {
 	zstd *semaphore.Weighted
 }
 
-func (r *Runtime) newUnpacker(s unpackStrategy, res remotes.Resolver, name string, t *tracker, keep bool) *unpacker {
-	return &unpacker{r: r, strategy: s, resolver: res, name: name, tracker: t, keep: keep, zstd: semaphore.NewWeighted(zstdWindowBudget)}
+func (r *Runtime) newUnpacker(s unpackStrategy, res remotes.Resolver, name, ref string, t *tracker, keep bool) *unpacker {
+	return &unpacker{r: r, strategy: s, resolver: res, name: name, source: newSource(ref), tracker: t, keep: keep, zstd: semaphore.NewWeighted(zstdWindowBudget)}
 }
 
 // wrap takes a manifest's layers out of its children, so that containerd's
@@ -232,6 +237,13 @@ type layer struct {
 	discarded bool
 	ready     chan struct{} // closed when extracted (or failed)
 	err       error
+	// committed is closed once its snapshot is committed (parallel
+	// unpack); parentCommitted is its parent's, nil for the first layer.
+	committed       chan struct{}
+	parentCommitted <-chan struct{}
+	// implicit: the parent directories its parallel extraction made
+	// without its parent underneath (parents.go).
+	implicit *implicitDirs
 }
 
 func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs []ocispec.Descriptor) (retErr error) {
@@ -257,9 +269,10 @@ func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs 
 	layers := make([]*layer, len(descs))
 	for i, d := range descs {
 		l := &layer{i: i, desc: d, diffID: cfg.RootFS.DiffIDs[i], chainID: chain[i], fetcher: fetcher,
-			fetched: make(chan struct{}), ready: make(chan struct{})}
+			fetched: make(chan struct{}), ready: make(chan struct{}), committed: make(chan struct{})}
 		if i > 0 {
 			l.parent = chain[i-1]
+			l.parentCommitted = layers[i-1].committed
 		}
 		// As containerd's unpacker labels them: inherited annotations
 		// (never a uid/gid mapping from an untrusted manifest), the chain.
@@ -354,6 +367,9 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 		if l.exists {
 			exSem.Release(1)
 			close(l.ready)
+			if err := u.labelStored(ctx, l); err != nil {
+				return err
+			}
 			continue
 		}
 		if u.strategy.local {
@@ -390,9 +406,23 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 		if l.err != nil {
 			return l.err
 		}
+		if l.implicit != nil && len(l.implicit.dirs) > 0 {
+			start := time.Now()
+			// Its parent is committed now: what mkparent would have
+			// copied from it is there to copy.
+			parents, err := u.parentLayers(ctx, sn, l.parent)
+			if err != nil {
+				return fmt.Errorf("layer %d (%s): %w", l.i, l.desc.Digest, err)
+			}
+			if err := l.implicit.copyParentAttrs(parents); err != nil {
+				return fmt.Errorf("layer %d (%s): %w", l.i, l.desc.Digest, err)
+			}
+			tracef("layer %d: %d directories it does not name given their parents' attributes in %s", l.i, len(l.implicit.dirs), time.Since(start))
+		}
 		if err := u.commit(ctx, sn, l, true); err != nil {
 			return err
 		}
+		close(l.committed)
 		tracef("layer %d committed", l.i)
 	}
 	return u.finish(ctx, config, layers)
@@ -421,6 +451,9 @@ func (u *unpacker) unpackSerial(ctx context.Context, sn snapshots.Snapshotter, c
 		if l.exists {
 			if l.stream != nil {
 				l.stream.detach()
+			}
+			if err := u.labelStored(ctx, l); err != nil {
+				return err
 			}
 			continue
 		}
@@ -472,9 +505,11 @@ func (u *unpacker) prepare(ctx context.Context, sn snapshots.Snapshotter, l *lay
 	return fmt.Errorf("prepare the snapshot of layer %d (%s): %w", l.i, l.desc.Digest, err)
 }
 
-// fetch downloads desc into the content store, teeing into s (nil: none).
-// It is remotes.Fetch, with the tee: the same ingest reference, so an
-// interrupted download resumes (and is then not streamed).
+// fetch downloads desc into the content store, teeing into s (nil: none),
+// and commits it labelled with its source (source.go); a blob the store
+// has already gets the label added. It is remotes.Fetch, with the tee and
+// the label: the same ingest reference, so an interrupted download
+// resumes (and is then not streamed).
 func (u *unpacker) fetch(ctx context.Context, cs content.Store, fetcher remotes.Fetcher, desc ocispec.Descriptor, s *stream) error {
 	cw, err := content.OpenWriter(ctx, cs, content.WithRef(remotes.MakeRefKey(ctx, desc)), content.WithDescriptor(desc))
 	if err != nil {
@@ -482,9 +517,9 @@ func (u *unpacker) fetch(ctx context.Context, cs content.Store, fetcher remotes.
 			if s != nil {
 				s.detach() // applied from the store
 			}
-			return nil
+			return u.source.addTo(ctx, cs, desc)
 		}
-		return fmt.Errorf("layer %s: %w", desc.Digest, err)
+		return fmt.Errorf("blob %s: %w", desc.Digest, err)
 	}
 	defer cw.Close()
 	ws, err := cw.Status()
@@ -498,8 +533,11 @@ func (u *unpacker) fetch(ctx context.Context, cs content.Store, fetcher remotes.
 		s.detach() // the stream would miss the first bytes
 	}
 	if ws.Offset == desc.Size {
-		if err := cw.Commit(ctx, desc.Size, desc.Digest); err != nil && !errdefs.IsAlreadyExists(err) {
-			return fmt.Errorf("layer %s: commit: %w", desc.Digest, err)
+		if err := cw.Commit(ctx, desc.Size, desc.Digest, u.source.commitOpts()...); err != nil {
+			if errdefs.IsAlreadyExists(err) {
+				return u.source.addTo(ctx, cs, desc)
+			}
+			return fmt.Errorf("blob %s: commit: %w", desc.Digest, err)
 		}
 		return nil
 	}
@@ -512,8 +550,8 @@ func (u *unpacker) fetch(ctx context.Context, cs content.Store, fetcher remotes.
 	if s != nil {
 		r = newTee(rc, s)
 	}
-	if err := content.Copy(ctx, cw, r, desc.Size, desc.Digest); err != nil {
-		return fmt.Errorf("layer %s: %w", desc.Digest, err)
+	if err := content.Copy(ctx, cw, r, desc.Size, desc.Digest, u.source.commitOpts()...); err != nil {
+		return fmt.Errorf("blob %s: %w", desc.Digest, err)
 	}
 	return nil
 }
@@ -536,6 +574,10 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 	if l.stream != nil {
 		if dir, opts, ok := localTarget(l.mounts, parallelChild); ok && streamable(l.desc.MediaType) && l.stream.attach() {
 			u.r.flush.see(dir)
+			if parallelChild {
+				l.implicit = newImplicitDirs(dir)
+				opts = append(opts, archive.WithFilter(l.implicit.filter))
+			}
 			got, err := applyStream(ctx, dir, l.stream, l.zstd, opts)
 			l.zstd.release() // the decoder is done: the pull's next layer may start
 			if err == nil && l.direct {
@@ -562,6 +604,7 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 			// would. Bytes that are wrong fail there too, with the
 			// daemon's reason.
 			tracef("layer %d: extraction here failed (%v); the daemon applies it", l.i, err)
+			l.implicit = nil
 			if !errors.Is(err, errDetached) { // a blob found in the store is applied from there, as it should be
 				fallbacks.Add(1)
 				u.stored.Store(true)
@@ -588,13 +631,35 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 	}
 	mounts := l.mounts
 	if parallelChild {
-		mounts = bindToOverlay(mounts)
+		// The daemon's extraction finds missing parent directories in
+		// the lower layers its overlay mount names: it waits for the
+		// parent's commit, and is given the chain underneath.
+		select {
+		case <-l.parentCommitted:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		parents, err := u.parentLayers(ctx, u.r.client.SnapshotService(u.r.snapshotter), l.parent)
+		if err != nil {
+			return fmt.Errorf("apply layer %d (%s): %w", l.i, l.desc.Digest, err)
+		}
+		mounts = bindToOverlay(mounts, parents)
 	}
 	d, err := u.r.client.DiffService().Apply(ctx, l.desc, mounts)
 	if err != nil {
 		return fmt.Errorf("apply layer %d (%s %s): %w", l.i, l.desc.MediaType, l.desc.Digest, err)
 	}
 	return l.checkDiffID(d.Digest)
+}
+
+// labelStored adds this pull's source to the blob of a layer whose
+// snapshot was there already, if the store has it: nothing fetches it.
+func (u *unpacker) labelStored(ctx context.Context, l *layer) error {
+	cs := u.r.client.ContentStore()
+	if _, err := cs.Info(ctx, l.desc.Digest); err != nil {
+		return nil // not stored: nothing for a mirror to serve
+	}
+	return u.source.addTo(ctx, cs, l.desc)
 }
 
 // waitFetched waits for l's download and returns its error.

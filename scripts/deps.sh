@@ -1,33 +1,53 @@
 #!/usr/bin/env bash
-# Installs what the demo and the tests need on a fresh Debian machine, if it
-# is missing, and does nothing when all is there:
-#   apt:  containerd and runc (the real daemon the tests start), a static
-#         busybox (the test images), python3 (the torch probe's tests), gcc
-#         (cgo and the stand-in CUDA driver), docker-registry (a second real
-#         registry), skopeo, pigz, isal (igzip) and zstd;
-#   go install, cached under $GPUPIN_TOOLS (default /var/tmp/gpupin-tools):
-#         containerd v2.4.2 with its shim and ctr (the suite's second daemon),
-#         crictl v1.34.0 (the CRI tests), staticcheck v0.8.2 (make test) and
-#         nfd-worker v0.17.3 (scripts/nfd-worker.sh: the NFD feature-file test),
-#         etcd v3.6.16 and kube-apiserver v1.37.2 (scripts/kube-tools.sh: the
-#         fleet tests' control plane).
+# Installs what the demo or the tests need on a fresh Debian machine, if it
+# is missing, and does nothing when all is there.
+#
+#   scripts/deps.sh demo   what `make demo` runs on: containerd and runc (the
+#                          real daemon gpupin-sandbox starts), a static
+#                          busybox (the demo engine's images) and gcc (the
+#                          cgo build of gpupin, for NVML). About a minute of
+#                          apt on a fresh machine.
+#   scripts/deps.sh [test] all of the above, and what only the tests need:
+#     apt:  python3 (the torch probe's tests), docker-registry (a second real
+#           registry), skopeo, pigz, isal (igzip), zstd and mmdebstrap;
+#     Go, cached under $GPUPIN_TOOLS (default /var/tmp/gpupin-tools):
+#           containerd v2.4.2 with its shim and ctr (the suite's second
+#           daemon), containerd v1.7.35 and v2.1.9 (the releases fleets run:
+#           make test-containerd17 / test-containerd21), crictl v1.34.0 (the
+#           CRI tests), staticcheck v0.8.2 (make check) and nfd-worker
+#           v0.17.3 (scripts/nfd-worker.sh: the NFD feature-file test),
+#           etcd v3.6.16 and kube-apiserver v1.37.2 (scripts/kube-tools.sh:
+#           the fleet tests' control plane).
 # The Go tools come through the Go module proxy; each is rebuilt only when
-# the cached binary is missing or says another version (go version -m).
+# the cached one is missing or is another version.
 set -euo pipefail
+
+mode=${1:-test}
+case "$mode" in
+demo | test) ;;
+*)
+	echo "usage: $0 [demo|test]" >&2
+	exit 2
+	;;
+esac
 
 TOOLS=${GPUPIN_TOOLS:-/var/tmp/gpupin-tools}
 CONTAINERD2_VERSION=v2.4.2
+CONTAINERD17_VERSION=v1.7.35
+CONTAINERD21_VERSION=v2.1.9
 CRICTL_VERSION=v1.34.0
 STATICCHECK_VERSION=v0.8.2
 
 # --- Debian packages ---------------------------------------------------------
 missing=()
-for cmd in containerd runc python3 skopeo docker-registry pigz zstd mmdebstrap; do
+cmds=(containerd runc)
+[ "$mode" = test ] && cmds+=(python3 skopeo docker-registry pigz zstd mmdebstrap)
+for cmd in "${cmds[@]}"; do
 	command -v "$cmd" >/dev/null || missing+=("$cmd")
 done
 # igzip (Debian's isal): gzip layers decompress 2.5x faster than with unpigz,
 # in gpupin's pulls and containerd 2.x's.
-command -v igzip >/dev/null || missing+=(isal)
+[ "$mode" = test ] && { command -v igzip >/dev/null || missing+=(isal); }
 # The test images need busybox without a libc: Debian's busybox-static.
 if command -v dpkg-query >/dev/null; then
 	dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" || missing+=(busybox-static)
@@ -67,6 +87,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 		done
 	fi
 fi
+
+[ "$mode" = demo ] && exit 0
 
 # --- Go tools, cached --------------------------------------------------------
 # go_has FILE MODULE VERSION: FILE is a Go binary built from MODULE@VERSION.
@@ -109,6 +131,40 @@ for bin in containerd containerd-shim-runc-v2 ctr; do
 		break
 	fi
 done
+# release_build DEST MODULE VERSION: a containerd release whose go.mod has
+# exclude directives, which go install refuses. Its module is downloaded,
+# copied somewhere writable and built as the main module (about 2 minutes on
+# 2 cores). DEST/.module records what was built: a main-module build has no
+# version for go version -m to read.
+release_build() {
+	local dest=$1 mod=$2 ver=$3 bin
+	if [ "$(cat "$dest/.module" 2>/dev/null)" = "$mod@$ver" ]; then
+		for bin in containerd containerd-shim-runc-v2 ctr; do
+			[ -x "$dest/$bin" ] || break
+		done
+		[ -x "$dest/$bin" ] && return 0
+	fi
+	command -v go >/dev/null || { echo "deps: go is not on PATH (export PATH=/usr/local/go/bin:\$PATH)" >&2; exit 1; }
+	mkdir -p "$TOOLS"
+	local tmp src
+	tmp=$(mktemp -d "$TOOLS/.build.XXXXXX")
+	chmod 755 "$tmp"
+	echo "building $mod@$ver into $dest (module download and build; about 2 minutes on 2 cores)"
+	src=$(cd "$tmp" && GOFLAGS= go mod download -json "$mod@$ver" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	[ -n "$src" ] || { echo "deps: go mod download $mod@$ver gave no directory" >&2; exit 1; }
+	cp -r "$src" "$tmp/src"
+	chmod -R u+w "$tmp/src"
+	mkdir "$tmp/out"
+	(cd "$tmp/src" && GOFLAGS=-mod=mod go build -o "$tmp/out/" ./cmd/containerd ./cmd/containerd-shim-runc-v2 ./cmd/ctr)
+	echo "$mod@$ver" >"$tmp/out/.module"
+	chmod 755 "$tmp/out"
+	rm -rf "$dest"
+	mv "$tmp/out" "$dest"
+	rm -rf "$tmp"
+}
+release_build "$TOOLS/containerd-${CONTAINERD17_VERSION#v}" github.com/containerd/containerd "$CONTAINERD17_VERSION"
+release_build "$TOOLS/containerd-${CONTAINERD21_VERSION#v}" github.com/containerd/containerd/v2 "$CONTAINERD21_VERSION"
+
 go_has "$TOOLS/crictl" sigs.k8s.io/cri-tools "$CRICTL_VERSION" ||
 	go_build "$TOOLS/crictl" sigs.k8s.io/cri-tools "$CRICTL_VERSION" cmd/crictl
 go_has "$TOOLS/staticcheck" honnef.co/go/tools "$STATICCHECK_VERSION" ||

@@ -24,7 +24,8 @@ func agentCommand() *cli.Command {
 			"--socket: GET /v1/status, PUT /v1/wants, PUT /v1/overrides/{engine}, GET /v1/pins. A change is acted on at " +
 			"once; ready engines are re-checked every --recheck; each pin gets a node-local name (--local-prefix, default " +
 			"gpupin.local/ENGINE:VERSION) for pods with imagePullPolicy: Never, and, with --nfd-features-dir, a node label through " +
-			"node-feature-discovery; a pin that kubelet's image GC or a pull by another client took is restored every 30s; a failure is retried after --retry, doubling up to " +
+			"node-feature-discovery; a pin that kubelet's image GC or a pull by another client took is restored every --sweep-every, and a record of a local name that gpupin did not write " +
+			"(pulled from a peer through a mirror, made by hand) is replaced or removed and reported; a failure is retried after --retry, doubling up to " +
 			"--recheck; a driver or GPU change re-proves every engine. Overrides set through the API are written to " +
 			"--overrides, as `gpupin override set` does. SIGTERM stops it after the provisions in flight have cleaned up.",
 		Flags: append(append(append([]cli.Flag{

@@ -24,10 +24,15 @@ func detectCommand() *cli.Command {
 			"`detect --json` prints the JSON that --node reads. Exit 3 on a node without a usable NVIDIA driver. " +
 			"When containerd answers at --address, it also says (JSON: \"containerd\") its version and whether its CRI plugin keeps pins " +
 			"from kubelet's image GC, seen by asking the CRI plugin about a pinned record, else judged from the version " +
-			"(containerd 1.6 has no notion of pinned images; gpupin restores pins there).",
+			"(containerd 1.6 has no notion of pinned images; gpupin restores pins there). " +
+			"It says whether pulls store layer blobs and why (JSON: \"layers\"): where containerd's hosts configuration " +
+			"(--hosts-dir) names a mirror for a registry, they are stored so peers can fetch them; " +
+			"whether a mirror is configured for the node-local names' prefix (JSON: \"local_names\"), and what to add to its filters; " +
+			"and whether the namespace is the one kubelet and a peer-to-peer mirror read (JSON: \"namespace\").",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print the facts as JSON (the shape --node reads)"},
 			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED)"},
+			keepLayersFlag(),
 		},
 		Action: runDetect,
 	}
@@ -48,14 +53,27 @@ func runDetect(c *cli.Context) error {
 			// what containerd's CRI plugin does with pins, when it answers.
 			out := struct {
 				*node.Facts
-				Containerd *runtime.CRIPinning `json:"containerd,omitempty"`
+				Containerd *runtime.CRIPinning   `json:"containerd,omitempty"`
+				Namespace  *namespaceNote        `json:"namespace,omitempty"`
+				Layers     *runtime.LayerStorage `json:"layers,omitempty"`
+				LocalNames *runtime.LocalNames   `json:"local_names,omitempty"`
 			}{Facts: f, Containerd: criPinning(c, s)}
+			if s.rt != nil {
+				out.Namespace = namespaceOf(s.rt)
+				if ls, err := s.rt.LayerStorage(c.Context); err == nil {
+					out.Layers = &ls
+				}
+				if ln, err := s.rt.LocalNames(c.Context); err == nil {
+					out.LocalNames = &ln
+				}
+			}
 			if err := writeJSON(w, out); err != nil {
 				return err
 			}
 		} else {
 			writeFacts(w, f)
 			writeCRINote(c, w, s)
+			writeFleetNotes(c, w, s)
 			fmt.Fprint(w, decompressNote(runtime.FindDecompressors()))
 		}
 		if !f.Supported() {
@@ -130,6 +148,50 @@ func writeCRINote(c *cli.Context, w io.Writer, s *session) {
 		fmt.Fprintf(w, "  (seen: the CRI plugin reports %s pinned: %v)\n", cri.Image, cri.Kept)
 	} else {
 		fmt.Fprintf(w, "  (%s: %s)\n", cri.How, cri.Why)
+	}
+}
+
+// namespaceNote says whether pins in the namespace are seen by kubelet
+// and shared by a peer-to-peer mirror: both read k8s.io only.
+type namespaceNote struct {
+	Name string `json:"name"`
+	// Kubernetes: the namespace kubelet (CRI) and Spegel read.
+	Kubernetes bool   `json:"kubernetes"`
+	Note       string `json:"note"`
+}
+
+func namespaceOf(rt *runtime.Runtime) *namespaceNote {
+	n := &namespaceNote{Name: rt.Namespace(), Kubernetes: rt.Namespace() == runtime.CRINamespace}
+	if n.Kubernetes {
+		n.Note = "kubelet sees the pins and their local names, and a peer-to-peer mirror (Spegel) shares their blobs"
+	} else {
+		n.Note = fmt.Sprintf("kubelet and a peer-to-peer mirror (Spegel) read only %s: pods do not see pins made in %s, and peers get none of their blobs; "+
+			"under Kubernetes give --namespace %s (CONTAINERD_NAMESPACE=%s, as the DaemonSet sets; the systemd unit reads it from /etc/gpupin/environment)", runtime.CRINamespace, n.Name, runtime.CRINamespace, runtime.CRINamespace)
+	}
+	return n
+}
+
+// writeFleetNotes says what matters on a node of a fleet: the namespace
+// kubelet and a mirror read, whether pulls keep layer blobs for peers,
+// and whether a mirror could serve the node-local names.
+func writeFleetNotes(c *cli.Context, w io.Writer, s *session) {
+	if s.rt == nil {
+		return
+	}
+	fmt.Fprintf(w, "  namespace: %s\n", namespaceOf(s.rt).Note)
+	if ls, err := s.rt.LayerStorage(c.Context); err != nil {
+		fmt.Fprintf(w, "layers:      %s\n", err)
+	} else {
+		fmt.Fprintf(w, "layers:      %s\n", ls.Summary)
+	}
+	ln, err := s.rt.LocalNames(c.Context)
+	switch {
+	case err != nil:
+		fmt.Fprintf(w, "local names: %s\n", err)
+	case ln.Warning != "":
+		fmt.Fprintf(w, "local names: WARNING: %s\n", ln.Warning)
+	default:
+		fmt.Fprintf(w, "local names: %s/ENGINE:VERSION; no mirror is configured for %s\n", ln.Prefix, ln.Prefix)
 	}
 }
 

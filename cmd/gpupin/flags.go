@@ -36,8 +36,14 @@ func runtimeFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringSliceFlag{Name: "cdi-spec-dir", Value: cli.NewStringSlice("/etc/cdi", "/var/run/cdi"), Usage: "where CDI specs are read"},
 		&cli.StringFlag{Name: "runc-root", Usage: "runc's state directory (default: runc's own)", Hidden: true},
-		&cli.BoolFlag{Name: "keep-layers", EnvVars: []string{"GPUPIN_KEEP_LAYERS"}, Usage: "store every layer blob gpupin downloads in containerd's content store, as ctr pull does (for ctr export, a push from the node, a pull that resumes); by default a layer gpupin extracted itself, and verified, is not stored: the node runs from its snapshots"},
+		keepLayersFlag(),
 	}
+}
+
+func keepLayersFlag() cli.Flag {
+	return &cli.BoolFlag{Name: "keep-layers", EnvVars: []string{"GPUPIN_KEEP_LAYERS"}, Usage: "store every layer blob gpupin downloads in containerd's content store, as ctr pull does " +
+		"(for ctr export, a push from the node, a pull that resumes); by default a layer gpupin extracted itself, and verified, is stored only where " +
+		"containerd's hosts configuration (--hosts-dir) names a mirror for its registry, so peers can fetch it from this node: elsewhere the node runs from its snapshots"}
 }
 
 func gpuFlags() []cli.Flag {

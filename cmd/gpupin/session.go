@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/registry"
 	"github.com/gpupin/gpupin/runtime"
@@ -125,6 +126,13 @@ func provisionOptions(c *cli.Context) ([]provision.Option, error) {
 	}
 	if gpus != nil {
 		opts = append(opts, provision.WithGPUs(*gpus))
+	}
+	// Checked here, before any registry is read: the library meets it only
+	// for an engine without a probe of its own (not vllm or sglang).
+	if hasFlag(c, "probe") && c.String("probe") != "" {
+		if _, err := probe.ParseDefault(c.String("probe")); err != nil {
+			return nil, usageError("--probe %s: %v", c.String("probe"), err)
+		}
 	}
 	for _, f := range []struct {
 		name string

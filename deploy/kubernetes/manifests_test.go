@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -21,7 +22,11 @@ type container struct {
 	Image           string   `json:"image"`
 	ImagePullPolicy string   `json:"imagePullPolicy"`
 	Args            []string `json:"args"`
-	VolumeMounts    []struct {
+	Env             []struct {
+		Name  string `json:"name"`
+		Value string `json:"value"`
+	} `json:"env"`
+	VolumeMounts []struct {
 		Name      string `json:"name"`
 		MountPath string `json:"mountPath"`
 	} `json:"volumeMounts"`
@@ -123,10 +128,22 @@ func TestDaemonSetNamesTheImageAndMountsTheFeatureDir(t *testing.T) {
 		t.Fatalf("the DaemonSet runs %s; make image builds %s", c.Image, want)
 	}
 	args := strings.Join(c.Args, " ")
-	for _, a := range []string{"--namespace=k8s.io", "agent", "--nfd-features-dir=" + agent.DefaultNFDFeaturesDir} {
+	for _, a := range []string{"agent", "--nfd-features-dir=" + agent.DefaultNFDFeaturesDir} {
 		if !strings.Contains(args, a) {
 			t.Errorf("agent args %q lack %s", args, a)
 		}
+	}
+	// The namespace kubelet and a peer-to-peer mirror read, in the
+	// environment, so the CLI run in the container (kubectl exec) reads
+	// the agent's pins.
+	ns := ""
+	for _, e := range c.Env {
+		if e.Name == "CONTAINERD_NAMESPACE" {
+			ns = e.Value
+		}
+	}
+	if ns != runtime.CRINamespace || strings.Contains(args, "--namespace") {
+		t.Errorf("CONTAINERD_NAMESPACE=%q, args %q: want the namespace %s in the environment only", ns, args, runtime.CRINamespace)
 	}
 	mounted := false
 	for _, m := range c.VolumeMounts {
@@ -141,5 +158,139 @@ func TestDaemonSetNamesTheImageAndMountsTheFeatureDir(t *testing.T) {
 	}
 	if !strings.Contains(cm.Data["agent.yaml"], "version: 0.11.0") {
 		t.Errorf("the wants do not name vllm's version: %s", cm.Data["agent.yaml"])
+	}
+}
+
+// The systemd unit's namespace is the CLI's default, and a file an
+// operator edits (and sources in the shell) can change both.
+func TestSystemdUnitNamespace(t *testing.T) {
+	data, err := os.ReadFile("../systemd/gpupin-agent.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := string(data)
+	env := strings.Index(unit, "Environment=CONTAINERD_NAMESPACE=gpupin\n")
+	file := strings.Index(unit, "EnvironmentFile=-/etc/gpupin/environment\n")
+	// systemd: an EnvironmentFile's settings win over Environment=.
+	if env < 0 || file < 0 {
+		t.Fatalf("the unit sets CONTAINERD_NAMESPACE=gpupin at %d, reads /etc/gpupin/environment at %d:\n%s", env, file, unit)
+	}
+	if !strings.Contains(unit, "CONTAINERD_NAMESPACE=k8s.io") {
+		t.Error("the unit does not say which namespace kubelet and a mirror read")
+	}
+}
+
+// policy is a ValidatingAdmissionPolicy or its binding, the fields the
+// guard rests on.
+type policy struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name string `json:"name"`
+	} `json:"metadata"`
+	Spec struct {
+		FailurePolicy    string   `json:"failurePolicy"`
+		PolicyName       string   `json:"policyName"`
+		ValidationAction []string `json:"validationActions"`
+		MatchConstraints struct {
+			ResourceRules []struct {
+				APIGroups   []string `json:"apiGroups"`
+				APIVersions []string `json:"apiVersions"`
+				Operations  []string `json:"operations"`
+				Resources   []string `json:"resources"`
+			} `json:"resourceRules"`
+		} `json:"matchConstraints"`
+		Variables []struct {
+			Name       string `json:"name"`
+			Expression string `json:"expression"`
+		} `json:"variables"`
+		Validations []struct {
+			Expression        string `json:"expression"`
+			MessageExpression string `json:"messageExpression"`
+			Reason            string `json:"reason"`
+		} `json:"validations"`
+	} `json:"spec"`
+}
+
+// The cluster-side guard of the local names: a policy for pods and one
+// for pod templates, each bound with Deny, matching what they must, and
+// testing the prefix gpupin writes. (Its CEL is evaluated by a real API
+// server in the fleet tests; no CEL library is a dependency here.)
+func TestLocalNamesPolicy(t *testing.T) {
+	data, err := os.ReadFile("local-names-policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	policies := map[string]policy{}
+	bindings := map[string]policy{}
+	for _, doc := range bytes.Split(data, []byte("\n---\n")) {
+		var p policy
+		if err := yaml.UnmarshalStrict(doc, &p); err != nil {
+			t.Fatalf("local-names-policy.yaml: %v", err)
+		}
+		if p.APIVersion != "admissionregistration.k8s.io/v1" {
+			t.Errorf("%s %s: apiVersion %s", p.Kind, p.Metadata.Name, p.APIVersion)
+		}
+		switch p.Kind {
+		case "ValidatingAdmissionPolicy":
+			policies[p.Metadata.Name] = p
+		case "ValidatingAdmissionPolicyBinding":
+			bindings[p.Spec.PolicyName] = p
+		default:
+			t.Errorf("unexpected %s", p.Kind)
+		}
+	}
+	prefix := "'" + runtime.DefaultLocalPrefix + "/'"
+	for _, tc := range []struct {
+		name      string
+		resources []string
+		spec      string // where the pod spec is
+	}{
+		{"gpupin-local-names-pods", []string{"pods"}, "object.spec."},
+		{"gpupin-local-names-templates", []string{"deployments", "daemonsets", "statefulsets", "replicasets", "jobs"}, "object.spec.template.spec."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, ok := policies[tc.name]
+			if !ok {
+				t.Fatalf("no policy %s", tc.name)
+			}
+			if b, ok := bindings[tc.name]; !ok || len(b.Spec.ValidationAction) != 1 || b.Spec.ValidationAction[0] != "Deny" {
+				t.Errorf("binding of %s: %+v; want validationActions [Deny]", tc.name, b.Spec)
+			}
+			if p.Spec.FailurePolicy != "Fail" {
+				t.Errorf("failurePolicy %q, want Fail", p.Spec.FailurePolicy)
+			}
+			var matched []string
+			for _, r := range p.Spec.MatchConstraints.ResourceRules {
+				if !slices.Contains(r.Operations, "CREATE") || !slices.Contains(r.Operations, "UPDATE") {
+					t.Errorf("rule %+v: want CREATE and UPDATE", r)
+				}
+				matched = append(matched, r.Resources...)
+			}
+			slices.Sort(matched)
+			want := slices.Clone(tc.resources)
+			slices.Sort(want)
+			if !slices.Equal(matched, want) {
+				t.Errorf("matches %v, want %v", matched, want)
+			}
+			if len(p.Spec.Variables) != 1 || len(p.Spec.Validations) != 1 {
+				t.Fatalf("variables %+v, validations %+v: want one of each", p.Spec.Variables, p.Spec.Validations)
+			}
+			v := p.Spec.Variables[0]
+			for _, s := range []string{tc.spec + "containers", tc.spec + "initContainers", "startsWith(" + prefix + ")", "'Never'", "imagePullPolicy"} {
+				if !strings.Contains(v.Expression, s) {
+					t.Errorf("variable %s lacks %q: %s", v.Name, s, v.Expression)
+				}
+			}
+			val := p.Spec.Validations[0]
+			if !strings.Contains(val.Expression, "variables."+v.Name) || !strings.Contains(val.MessageExpression, "imagePullPolicy: Never") || val.Reason != "Invalid" {
+				t.Errorf("validation %+v", val)
+			}
+			for _, e := range []string{v.Expression, val.Expression, val.MessageExpression} {
+				if strings.Count(e, "(") != strings.Count(e, ")") || strings.Count(e, "'")%2 != strings.Count(e, `\'`)%2 {
+					t.Errorf("unbalanced expression: %s", e)
+				}
+			}
+		})
 	}
 }

@@ -223,11 +223,12 @@ var disabledPlugins = []string{
 }
 
 // In 2.x, besides: NRI (on by default, listening on the host-wide
-// /var/run/nri/nri.sock that parallel daemons would fight over), the image
-// verifiers (read from /opt/containerd), and the erofs and blockfile
-// snapshotters.
+// /var/run/nri/nri.sock that parallel daemons would fight over), and the
+// erofs and blockfile snapshotters. The image verifiers stay, reading an
+// empty directory of the daemon's own (config): 2.0 and 2.1's transfer
+// service fails to start without one, and ctr pulls through it.
 var disabledPlugins2 = []string{
-	"io.containerd.nri.v1.nri", "io.containerd.image-verifier.v1.bindir",
+	"io.containerd.nri.v1.nri",
 	"io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs",
 	"io.containerd.snapshotter.v1.blockfile",
 }
@@ -256,6 +257,9 @@ func (c *Containerd) config(root, state, registryConfigPath string) string {
 	fmt.Fprintf(&b, "[grpc]\n  address = %s\n[ttrpc]\n  address = %s\n[metrics]\n  address = \"\"\n", q(c.Address), q(c.Address+".ttrpc"))
 	// The opt plugin installs into /opt/containerd by default.
 	fmt.Fprintf(&b, "[plugins.\"io.containerd.internal.v1.opt\"]\n  path = %s\n", q(filepath.Join(c.Dir, "opt")))
+	if c.Major >= 2 {
+		fmt.Fprintf(&b, "[plugins.\"io.containerd.image-verifier.v1.bindir\"]\n  bin_dir = %s\n", q(filepath.Join(c.Dir, "image-verifier")))
+	}
 	if !c.CRI {
 		return b.String()
 	}

@@ -93,16 +93,9 @@ func buildTorchRootfs(ctx context.Context, path string) error {
 		args = append(args, "--dpkgopt=path-exclude="+p)
 	}
 	args = append(args, TorchSuite, full)
-	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		tail := out.String()
-		if len(tail) > 4000 {
-			tail = tail[len(tail)-4000:]
-		}
-		return fmt.Errorf("mmdebstrap %s: %w\n%s", strings.Join(args, " "), err, tail)
+	if err := mmdebstrap(ctx, args); err != nil {
+		return err
 	}
 	sum, size, dropped, err := trimTorchRootfs(full, tmp)
 	if err != nil {
@@ -114,6 +107,21 @@ func buildTorchRootfs(ctx context.Context, path string) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// mmdebstrap runs mmdebstrap with args; its error carries the output's tail.
+func mmdebstrap(ctx context.Context, args []string) error {
+	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		tail := out.String()
+		if len(tail) > 4000 {
+			tail = tail[len(tail)-4000:]
+		}
+		return fmt.Errorf("mmdebstrap %s: %w\n%s", strings.Join(args, " "), err, tail)
+	}
+	return nil
 }
 
 // trimTorchRootfs copies the tarball src to dst without what `import
