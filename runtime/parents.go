@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -96,49 +97,140 @@ func (d *implicitDirs) filter(hdr *tar.Header) (bool, error) {
 			d.dirs[rel(d.root, made[i])] = &implicitDir{}
 		}
 	}
-	if hdr.Typeflag == tar.TypeDir {
+	st, statErr := os.Lstat(path)
+	switch {
+	case base == whiteoutOpaque:
+	case strings.HasPrefix(base, whiteoutPrefix):
+		// A whiteout takes the place of what it names: a directory made
+		// here for an earlier entry is gone, and what is made at that
+		// path later is the layer's own.
+		d.forget(rel(d.root, filepath.Join(filepath.Dir(path), strings.TrimPrefix(base, whiteoutPrefix))))
+	case hdr.Typeflag != tar.TypeDir:
+		// archive.Apply removes what is at the path first, for any entry
+		// but a directory (a PAX global header too, which it then skips).
+		d.forget(rel(d.root, path))
+	default:
 		if dir := d.dirs[rel(d.root, path)]; dir != nil {
 			dir.header = true
 		}
 	}
 	// An entry changes its directory's modification time unless it is an
-	// opaque marker (an attribute on overlayfs) or a directory there
-	// already (merged).
-	if dir := d.dirs[rel(d.root, filepath.Dir(path))]; dir != nil && base != ".wh..wh..opq" {
-		if st, err := os.Lstat(path); err != nil || !st.IsDir() || hdr.Typeflag != tar.TypeDir {
+	// opaque marker (an attribute on overlayfs), a directory there already
+	// (merged), or a global header with nothing to remove.
+	if dir := d.dirs[rel(d.root, filepath.Dir(path))]; dir != nil && base != whiteoutOpaque {
+		switch {
+		case hdr.Typeflag == tar.TypeXGlobalHeader && statErr != nil:
+		case statErr != nil || !st.IsDir() || hdr.Typeflag != tar.TypeDir:
 			dir.touched = true
 		}
 	}
 	return true, nil
 }
 
+const (
+	whiteoutPrefix = ".wh."
+	whiteoutOpaque = ".wh..wh..opq"
+)
+
+// forget drops rel and everything under it: removed or replaced in the
+// layer, none of it is a directory mkparent made.
+func (d *implicitDirs) forget(rel string) {
+	if st, err := os.Lstat(filepath.Join(d.root, rel)); err != nil || !st.IsDir() || len(d.dirs) == 0 {
+		return // no directory there: nothing under it was made
+	}
+	for r := range d.dirs {
+		if r == rel || strings.HasPrefix(r, rel+"/") {
+			delete(d.dirs, r)
+		}
+	}
+}
+
 // copyParentAttrs gives each implicit directory what containerd's
 // mkparent gives it from parents (the parent chain's layer directories,
 // top first): owner, mode, times and extended attributes of the first
 // layer that has the path, unless that layer has something else there.
+// A directory no parent has is made by mkparent inside one it has just
+// copied: the group of a setgid directory copied there passes to it, as
+// the kernel passes it to a new directory (the setgid bit passes too, and
+// mkparent's chmod to 0755 takes it away). A default ACL would pass as
+// well: that is not copied.
 func (d *implicitDirs) copyParentAttrs(parents []string) error {
 	rels := make([]string, 0, len(d.dirs))
 	for rel := range d.dirs {
 		rels = append(rels, rel)
 	}
-	sort.Strings(rels)
+	sort.Strings(rels)            // a parent before what is under it
+	setgid := map[string]uint32{} // implicit directories left setgid, by rel: their group
 	for _, rel := range rels {
 		path := filepath.Join(d.root, rel)
-		if st, err := os.Lstat(path); err != nil || !st.IsDir() {
-			continue // removed or replaced later in the layer
+		if !realDir(d.root, rel) {
+			// Removed, replaced, or under a symbolic link the layer put
+			// in its way: never followed out of the layer.
+			continue
 		}
 		src, err := parentDir(parents, rel)
 		if err != nil {
 			return err
 		}
-		if src == "" {
-			continue // new here: containerd's default, 0755 root
+		dir := d.dirs[rel]
+		switch {
+		case src != "":
+			if err := d.copyFrom(src, path, dir); err != nil {
+				return fmt.Errorf("parent directory %s: %w", rel, err)
+			}
+		case !dir.header:
+			// New here: containerd's default, 0755 root, in the group of
+			// a setgid directory it was made in.
+			gid, ok := setgid[filepath.Dir(rel)]
+			if !ok {
+				continue
+			}
+			if err := lchown(path, -1, int(gid)); err != nil {
+				return fmt.Errorf("parent directory %s: %w", rel, err)
+			}
 		}
-		if err := d.copyFrom(src, path, d.dirs[rel]); err != nil {
+		fi, err := os.Lstat(path)
+		if err != nil {
 			return fmt.Errorf("parent directory %s: %w", rel, err)
+		}
+		if fi.Mode()&os.ModeSetgid != 0 {
+			setgid[rel] = fi.Sys().(*syscall.Stat_t).Gid
 		}
 	}
 	return nil
+}
+
+// realDir says whether every component of rel under root is a directory,
+// none a symbolic link: a later entry of the layer may have put one where
+// a directory was made.
+func realDir(root, rel string) bool {
+	p := root
+	for c := range strings.SplitSeq(rel, "/") {
+		p = filepath.Join(p, c)
+		st, err := os.Lstat(p)
+		if err != nil || !st.IsDir() {
+			return false
+		}
+	}
+	return true
+}
+
+// lchown is os.Lchown that, as containerd's copyDirInfo, lets a
+// filesystem refuse a change that changes nothing.
+func lchown(path string, uid, gid int) error {
+	err := os.Lchown(path, uid, gid)
+	if err == nil || !os.IsPermission(err) {
+		return err
+	}
+	fi, serr := os.Lstat(path)
+	if serr != nil {
+		return err
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if (uid == -1 || int(st.Uid) == uid) && (gid == -1 || int(st.Gid) == gid) {
+		return nil
+	}
+	return err
 }
 
 // parentDir finds rel as mkparent looks for it: in each layer in turn,
@@ -170,7 +262,7 @@ func (d *implicitDirs) copyFrom(src, path string, dir *implicitDir) error {
 			return err
 		}
 		st := fi.Sys().(*syscall.Stat_t)
-		if err := os.Lchown(path, int(st.Uid), int(st.Gid)); err != nil {
+		if err := lchown(path, int(st.Uid), int(st.Gid)); err != nil {
 			return err
 		}
 		if err := os.Chmod(path, fi.Mode()); err != nil {
@@ -228,7 +320,12 @@ func (u *unpacker) parentLayers(ctx context.Context, sn snapshots.Snapshotter, p
 	if err != nil {
 		return nil, fmt.Errorf("view the parent %s: %w", parent, err)
 	}
-	defer sn.Remove(context.WithoutCancel(ctx), key)
+	defer func() {
+		if err := sn.Remove(context.WithoutCancel(ctx), key); err != nil {
+			// A view holds no data; the collector takes it with the lease.
+			slog.WarnContext(ctx, "remove the parent view", "key", key, "err", err)
+		}
+	}()
 	dirs := lowerDirs(mounts)
 	if len(dirs) == 0 {
 		return nil, fmt.Errorf("the parent %s mounts as %v: no layer directories to read", parent, mounts)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -117,7 +118,10 @@ func (r *Runtime) strategy(ctx context.Context) (unpackStrategy, error) {
 		// Unknown capabilities: nothing is assumed of the snapshotter.
 		caps = nil
 	}
-	rebase := slices.Contains(caps, snapshots.RebaseCap)
+	// Overlay's rebase only: a layer extracted without its parent is
+	// committed onto it, and its whiteouts and missing parent directories
+	// are made as overlayfs reads them (erofs says rebase too).
+	rebase := r.snapshotter == "overlayfs" && slices.Contains(caps, snapshots.RebaseCap)
 	s := unpackStrategy{
 		containerd: mode == "containerd",
 		parallel:   rebase && (mode == "" || mode == "daemon"),
@@ -367,9 +371,7 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 		if l.exists {
 			exSem.Release(1)
 			close(l.ready)
-			if err := u.labelStored(ctx, l); err != nil {
-				return err
-			}
+			u.labelStored(ctx, l)
 			continue
 		}
 		if u.strategy.local {
@@ -392,8 +394,12 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 		go func() {
 			defer wg.Done()
 			defer close(l.ready)
-			defer exSem.Release(1)
-			l.err = u.extract(ctx, l, l.i > 0)
+			// Its slot goes before it waits for its parent's commit (the
+			// daemon's apply): the commits come after every layer has
+			// started, and the layers waiting would hold every slot.
+			release := sync.OnceFunc(func() { exSem.Release(1) })
+			defer release()
+			l.err = u.extract(ctx, l, l.i > 0, release)
 			tracef("layer %d extracted (%v)", l.i, l.err)
 		}()
 	}
@@ -452,9 +458,7 @@ func (u *unpacker) unpackSerial(ctx context.Context, sn snapshots.Snapshotter, c
 			if l.stream != nil {
 				l.stream.detach()
 			}
-			if err := u.labelStored(ctx, l); err != nil {
-				return err
-			}
+			u.labelStored(ctx, l)
 			continue
 		}
 		if !l.started {
@@ -462,7 +466,7 @@ func (u *unpacker) unpackSerial(ctx context.Context, sn snapshots.Snapshotter, c
 			// still needs its blob.
 			startFetch(l)
 		}
-		if err := u.extract(ctx, l, false); err != nil {
+		if err := u.extract(ctx, l, false, func() {}); err != nil {
 			return err
 		}
 		if err := u.commit(ctx, sn, l, false); err != nil {
@@ -569,8 +573,9 @@ func checkLayerDesc(desc ocispec.Descriptor) error {
 // it has one and this process can reach the snapshot, else by the daemon's
 // diff service once the blob is in the content store. parallelChild says
 // the snapshot has no parent yet though the layer has one (rebased at
-// commit): its whiteouts must become overlay whiteouts.
-func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) error {
+// commit): its whiteouts must become overlay whiteouts. release gives up
+// the caller's extraction slot, before a wait for the parent's commit.
+func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool, release func()) error {
 	if l.stream != nil {
 		if dir, opts, ok := localTarget(l.mounts, parallelChild); ok && streamable(l.desc.MediaType) && l.stream.attach() {
 			u.r.flush.see(dir)
@@ -634,6 +639,7 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 		// The daemon's extraction finds missing parent directories in
 		// the lower layers its overlay mount names: it waits for the
 		// parent's commit, and is given the chain underneath.
+		release()
 		select {
 		case <-l.parentCommitted:
 		case <-ctx.Done():
@@ -653,13 +659,16 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool) er
 }
 
 // labelStored adds this pull's source to the blob of a layer whose
-// snapshot was there already, if the store has it: nothing fetches it.
-func (u *unpacker) labelStored(ctx context.Context, l *layer) error {
+// snapshot was there already, if the store has it: nothing fetches it. A
+// label that could not be added costs a mirror one blob, not the pull.
+func (u *unpacker) labelStored(ctx context.Context, l *layer) {
 	cs := u.r.client.ContentStore()
 	if _, err := cs.Info(ctx, l.desc.Digest); err != nil {
-		return nil // not stored: nothing for a mirror to serve
+		return // not stored: nothing for a mirror to serve
 	}
-	return u.source.addTo(ctx, cs, l.desc)
+	if err := u.source.addTo(ctx, cs, l.desc); err != nil {
+		slog.WarnContext(ctx, "label a stored layer with its source", "digest", l.desc.Digest, "err", err)
+	}
 }
 
 // waitFetched waits for l's download and returns its error.

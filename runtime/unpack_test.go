@@ -351,6 +351,35 @@ func TestZstdLayersOfOnePullAreAllExtractedHere(t *testing.T) {
 	}
 }
 
+// The daemon's apply of a layer extracted in parallel waits for its
+// parent's commit; the commits come once every layer has started. An
+// image of more layers than extract at once must not wait on itself
+// (it did, from six layers on, each waiting layer holding a slot).
+func TestDaemonApplyOfManyLayersCompletes(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	salt := t.Name() + time.Now().String()
+	var layers []v1.Layer
+	for i := range 9 {
+		layers = append(layers, tarLayer(t, compression.GZip, entry{name: fmt.Sprintf("d/l%d", i), body: fmt.Sprintf("%s layer %d\n", salt, i)}))
+	}
+	ref := pushImage(t, reg, "many-layers:1", sandbox.ImageSpec{Layers: layers})
+	t.Setenv(runtime.EnvUnpack, "daemon")
+	rt := testenv.Runtime(t)
+	pctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := rt.Pull(pctx, ref, runtime.PullOptions{}); err != nil {
+		t.Fatalf("pull of %d layers by the daemon's apply: %v", len(layers), err)
+	}
+	res, err := rt.Run(ctx, runtime.RunSpec{Image: ref, Args: []string{"/bin/sh", "-c", "ls /d | wc -l"}, Role: "probe", Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, res.Output)
+	}
+	if got, want := strings.TrimSpace(string(res.Output)), fmt.Sprint(len(layers)); got != want {
+		t.Errorf("/d holds %s files, want %s", got, want)
+	}
+}
+
 // A zstd layer that finds the decoders' memory budget taken (other pulls
 // decoding) is not waited for: its download would stall behind its
 // stream until the registry's stall bound cut it. The daemon applies it
