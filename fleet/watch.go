@@ -25,6 +25,9 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
+// DefaultCachePath is where the agent keeps the last cluster choices.
+const DefaultCachePath = "/var/lib/gpupin/cluster-overrides.json"
+
 // Choices is what the watcher resolved for the node: the effective
 // override per engine that the cluster decides, where each came from, and
 // the overrides it could not use.
@@ -56,7 +59,8 @@ type Watcher struct {
 	// next change.
 	Apply func(Choices) error
 	// CachePath keeps the last applied choices on the node, for a restart
-	// while the API is down; "" keeps none.
+	// while the API is down (the agent's default: DefaultCachePath); ""
+	// keeps none.
 	CachePath string
 	// SyncTimeout bounds Start's wait for the first listing (default 10s);
 	// past it the cache file's choices are applied.

@@ -83,24 +83,32 @@ type loopResult struct {
 	err error // the run's context ended: the result answers nothing
 }
 
+// A Loop's defaults (LoopOptions' zero values).
+const (
+	DefaultRecheck   = 10 * time.Minute // a ready engine checked again
+	DefaultRetryMin  = time.Minute      // first retry after a failure, doubling up to the recheck
+	DefaultNodeCheck = time.Minute      // the driver and GPUs read again
+	DefaultParallel  = 2                // engines provisioned at once: pulls share the link and the disk
+)
+
 // NewLoop makes a Loop over p. p is not changed: the Loop sees the
 // intermediate states of its own runs only, through their context, so
 // loops and other callers can share one Provisioner.
 func NewLoop(p *Provisioner, opts LoopOptions) *Loop {
 	if opts.Recheck <= 0 {
-		opts.Recheck = 10 * time.Minute
+		opts.Recheck = DefaultRecheck
 	}
 	if opts.RetryMin <= 0 {
-		opts.RetryMin = time.Minute
+		opts.RetryMin = DefaultRetryMin
 	}
 	if opts.RetryMin > opts.Recheck {
 		opts.RetryMin = opts.Recheck
 	}
 	if opts.NodeCheck <= 0 {
-		opts.NodeCheck = time.Minute
+		opts.NodeCheck = DefaultNodeCheck
 	}
 	if opts.Parallel <= 0 {
-		opts.Parallel = 2
+		opts.Parallel = DefaultParallel
 	}
 	if opts.Logger == nil {
 		opts.Logger = p.opts.Logger

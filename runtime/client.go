@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/defaults"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/gpupin/gpupin/registry"
@@ -83,9 +84,22 @@ func WithCDISpecDirs(dirs ...string) Opt { return func(r *Runtime) { r.cdiDirs =
 // every byte, and the node the disk (direct.go).
 func WithKeepLayers(keep bool) Opt { return func(r *Runtime) { r.keepLayers = keep } }
 
+// Defaults of Connect and its options, which the CLI's flags name.
+const (
+	// DefaultAddress is containerd's own socket.
+	DefaultAddress = defaults.DefaultAddress
+	// DefaultNamespace keeps the CLI's pins apart from kubelet's k8s.io.
+	DefaultNamespace   = "gpupin"
+	DefaultSnapshotter = "overlayfs"
+)
+
+// DefaultCDIDirs are where CDI specs are read, as the CDI registry's own
+// default (static specs first, then generated ones).
+func DefaultCDIDirs() []string { return []string{"/etc/cdi", "/var/run/cdi"} }
+
 // Connect dials containerd and checks that it answers.
 func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error) {
-	r := &Runtime{namespace: "gpupin", snapshotter: "overlayfs", cdiDirs: []string{"/etc/cdi", "/var/run/cdi"}, flush: newFlusher()}
+	r := &Runtime{namespace: DefaultNamespace, snapshotter: DefaultSnapshotter, cdiDirs: DefaultCDIDirs(), flush: newFlusher()}
 	for _, o := range opts {
 		o(r)
 	}

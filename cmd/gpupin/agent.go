@@ -4,7 +4,6 @@ import (
 	"errors"
 	"log/slog"
 	"os"
-	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -32,9 +31,9 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "config", Value: agent.DefaultConfigPath, EnvVars: []string{"GPUPIN_AGENT_CONFIG"}, Usage: "the wants file (YAML: wants, overrides); watched"},
 			&cli.StringFlag{Name: "socket", Value: agent.DefaultSocket, EnvVars: []string{"GPUPIN_AGENT_SOCKET"}, Usage: "unix socket of the HTTP API"},
 			&cli.StringFlag{Name: "metrics-address", EnvVars: []string{"GPUPIN_METRICS_ADDRESS"}, Usage: "serve Prometheus metrics on `HOST:PORT` (/metrics); off when empty"},
-			&cli.DurationFlag{Name: "recheck", Value: 10 * time.Minute, Usage: "how often ready engines are checked again"},
-			&cli.DurationFlag{Name: "retry", Value: time.Minute, Usage: "first retry after a failure; doubles up to --recheck"},
-			&cli.DurationFlag{Name: "node-check", Value: time.Minute, Usage: "how often the node's driver and GPUs are read"},
+			&cli.DurationFlag{Name: "recheck", Value: provision.DefaultRecheck, Usage: "how often ready engines are checked again"},
+			&cli.DurationFlag{Name: "retry", Value: provision.DefaultRetryMin, Usage: "first retry after a failure; doubles up to --recheck"},
+			&cli.DurationFlag{Name: "node-check", Value: provision.DefaultNodeCheck, Usage: "how often the node's driver and GPUs are read"},
 			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED); re-read at every check"},
 			&cli.DurationFlag{Name: "sweep-every", Value: agent.DefaultSweepEvery, Usage: "how often leftovers of dead gpupin processes are swept and pins other clients took are restored"},
 			&cli.StringFlag{Name: "nfd-features-dir", Value: agent.DefaultNFDFeaturesDir, EnvVars: []string{"GPUPIN_NFD_FEATURES_DIR"},
@@ -46,7 +45,7 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig `FILE` for the fleet layer (default: in-cluster, else as kubectl finds one)"},
 			&cli.StringFlag{Name: "wants-configmap", EnvVars: []string{"GPUPIN_WANTS_CONFIGMAP"},
 				Usage: "with --node-name: also read the wants from the ConfigMap `NAMESPACE/NAME` (key agent.yaml) through the API, applied on change rather than on kubelet's volume sync"},
-			&cli.StringFlag{Name: "fleet-cache", Value: "/var/lib/gpupin/cluster-overrides.json",
+			&cli.StringFlag{Name: "fleet-cache", Value: fleet.DefaultCachePath,
 				Usage: "where the last cluster choices are kept, for a restart while the API is down"},
 		}, provisionFlags()...), gpuFlags()...), runtimeFlags()...),
 		Action: runAgent,

@@ -10,20 +10,23 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
+	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/registry"
+	"github.com/gpupin/gpupin/runtime"
 )
 
 func globalFlags() []cli.Flag {
 	return append([]cli.Flag{
-		&cli.StringFlag{Name: "address", Value: "/run/containerd/containerd.sock", EnvVars: []string{"CONTAINERD_ADDRESS"}, Usage: "containerd socket"},
-		&cli.StringFlag{Name: "namespace", Value: "gpupin", EnvVars: []string{"CONTAINERD_NAMESPACE"}, Usage: "containerd namespace (k8s.io under Kubernetes, so kubelet sees the pins)"},
-		&cli.StringFlag{Name: "local-prefix", Value: "gpupin.local", EnvVars: []string{"GPUPIN_LOCAL_PREFIX"}, Usage: "prefix of each pin's node-local name, `PREFIX`/ENGINE:VERSION, for pods with imagePullPolicy: Never"},
-		&cli.StringFlag{Name: "snapshotter", Value: "overlayfs", EnvVars: []string{"CONTAINERD_SNAPSHOTTER"}, Usage: "containerd snapshotter"},
-		&cli.StringFlag{Name: "hosts-dir", Value: "/etc/containerd/certs.d", Usage: "containerd certs.d directory: registry mirrors and TLS"},
+		&cli.StringFlag{Name: "address", Value: runtime.DefaultAddress, EnvVars: []string{"CONTAINERD_ADDRESS"}, Usage: "containerd socket"},
+		&cli.StringFlag{Name: "namespace", Value: runtime.DefaultNamespace, EnvVars: []string{"CONTAINERD_NAMESPACE"}, Usage: "containerd namespace (k8s.io under Kubernetes, so kubelet sees the pins)"},
+		&cli.StringFlag{Name: "local-prefix", Value: runtime.DefaultLocalPrefix, EnvVars: []string{"GPUPIN_LOCAL_PREFIX"}, Usage: "prefix of each pin's node-local name, `PREFIX`/ENGINE:VERSION, for pods with imagePullPolicy: Never"},
+		&cli.StringFlag{Name: "snapshotter", Value: runtime.DefaultSnapshotter, EnvVars: []string{"CONTAINERD_SNAPSHOTTER"}, Usage: "containerd snapshotter"},
+		&cli.StringFlag{Name: "hosts-dir", Value: registry.DefaultHostsDir, Usage: "containerd certs.d directory: registry mirrors and TLS"},
 		&cli.StringSliceFlag{Name: "insecure-registry", EnvVars: []string{"GPUPIN_INSECURE_REGISTRIES"}, Usage: "registry (host:port) reached over plain HTTP; loopback ones always are"},
 		&cli.StringFlag{Name: "node", EnvVars: []string{"GPUPIN_NODE"}, Usage: "read node facts from `FILE` (the JSON `detect --json` prints) instead of NVML; results say they are simulated"},
-		&cli.StringFlag{Name: "overrides", Value: "/etc/gpupin/overrides.yaml", EnvVars: []string{"GPUPIN_OVERRIDES"}, Usage: "overrides file"},
+		&cli.StringFlag{Name: "overrides", Value: images.DefaultOverridesPath, EnvVars: []string{"GPUPIN_OVERRIDES"}, Usage: "overrides file"},
 		&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"GPUPIN_LOG_LEVEL"}, Usage: "debug, info, warn or error"},
 		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
@@ -34,7 +37,7 @@ func globalFlags() []cli.Flag {
 // containers.
 func runtimeFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringSliceFlag{Name: "cdi-spec-dir", Value: cli.NewStringSlice("/etc/cdi", "/var/run/cdi"), Usage: "where CDI specs are read"},
+		&cli.StringSliceFlag{Name: "cdi-spec-dir", Value: cli.NewStringSlice(runtime.DefaultCDIDirs()...), Usage: "where CDI specs are read"},
 		&cli.StringFlag{Name: "runc-root", Usage: "runc's state directory (default: runc's own)", Hidden: true},
 		keepLayersFlag(),
 	}
@@ -56,16 +59,16 @@ func gpuFlags() []cli.Flag {
 // provisionFlags are the flags of commands that provision (provision, agent).
 func provisionFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.DurationFlag{Name: "provision-timeout", Value: time.Hour, Usage: "give up on a provision (pulls and probes included) after this long; the status says it was this timeout"},
-		&cli.DurationFlag{Name: "probe-timeout", Value: 10 * time.Minute, Usage: "kill a probe that runs longer"},
-		&cli.StringFlag{Name: "probe-memory", Value: "16g", Usage: "the probe container's memory limit, swap included (bytes, or k, m, g, t); the probe always has one, so 0 is refused"},
-		&cli.Int64Flag{Name: "probe-pids", Value: 4096, Usage: "the probe container's pids limit; the probe always has one, so 0 is refused"},
+		&cli.DurationFlag{Name: "provision-timeout", Value: provision.DefaultTimeout, Usage: "give up on a provision (pulls and probes included) after this long; the status says it was this timeout"},
+		&cli.DurationFlag{Name: "probe-timeout", Value: provision.DefaultProbeTimeout, Usage: "kill a probe that runs longer"},
+		&cli.StringFlag{Name: "probe-memory", Value: formatBytes(provision.DefaultProbeMemory), Usage: "the probe container's memory limit, swap included (bytes, or k, m, g, t); the probe always has one, so 0 is refused"},
+		&cli.Int64Flag{Name: "probe-pids", Value: provision.DefaultProbePids, Usage: "the probe container's pids limit; the probe always has one, so 0 is refused"},
 		&cli.StringFlag{Name: "probe", Usage: "probe to use when neither the image nor the engine names one: torch, cuda, exec"},
 		&cli.StringFlag{Name: "probe-dir", Usage: "where probe programs are staged on the host"},
 		&cli.StringFlag{Name: "cuda-probe", Usage: "path of the gpupin-cuda-probe binary"},
 		&cli.StringFlag{Name: "sim-probe", Usage: "path of the gpupin-sim-probe binary (the emulator test fixtures ask for)"},
 		&cli.StringFlag{Name: "prefetch-fallback", Usage: "while a candidate is probed, fetch and unpack the next one if its layers are at most this size (bytes, or k, m, g, t), so a failed probe costs no second pull; off by default: it spends bandwidth and disk that a passing probe never uses"},
-		&cli.StringFlag{Name: "lock-dir", Value: "/run/gpupin/locks", Usage: "per-engine locks shared with the agent and other gpupin processes"},
+		&cli.StringFlag{Name: "lock-dir", Value: provision.DefaultLockDir, Usage: "per-engine locks shared with the agent and other gpupin processes"},
 	}
 }
 

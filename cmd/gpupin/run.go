@@ -111,6 +111,17 @@ var sizeRE = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt])(?:i?b)?|b)
 // (k, m, g, t, alone or as KiB, KB …, any case: 512m = 512MiB = 512 × 2^20),
 // as Docker's --memory reads it. Fractions are allowed (1.5g); the result
 // is rounded down to a byte.
+// formatBytes writes n as parseBytes reads it, in the largest unit that
+// divides it.
+func formatBytes(n uint64) string {
+	for i := 3; i >= 0; i-- {
+		if u := uint64(1) << (10 * (i + 1)); n >= u && n%u == 0 {
+			return strconv.FormatUint(n/u, 10) + string("kmgt"[i])
+		}
+	}
+	return strconv.FormatUint(n, 10)
+}
+
 func parseBytes(s string) (uint64, error) {
 	m := sizeRE.FindStringSubmatch(strings.ToLower(strings.TrimSpace(s)))
 	if m == nil {

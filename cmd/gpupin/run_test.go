@@ -34,3 +34,28 @@ func TestParseBytes(t *testing.T) {
 		}
 	}
 }
+
+// formatBytes gives a flag its default from the library's constant: what
+// it writes, parseBytes must read back to the same number.
+func TestFormatBytesReadsBack(t *testing.T) {
+	for _, tc := range []struct {
+		in   uint64
+		want string
+	}{
+		{16 << 30, "16g"},
+		{3 << 29, "1536m"},
+		{4096, "4k"},
+		{2 << 40, "2t"},
+		{100, "100"},
+		{0, "0"},
+		{1<<20 + 1, "1048577"},
+	} {
+		got := formatBytes(tc.in)
+		if got != tc.want {
+			t.Errorf("formatBytes(%d) = %q, want %q", tc.in, got, tc.want)
+		}
+		if back, err := parseBytes(got); err != nil || back != tc.in {
+			t.Errorf("parseBytes(formatBytes(%d) = %q) = %d, %v", tc.in, got, back, err)
+		}
+	}
+}
