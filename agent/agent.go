@@ -422,8 +422,8 @@ type OverrideSet struct {
 // taken, wanted or not: an operator must be able to say none for an engine
 // whose image cannot be read yet, before it has a name.
 func (a *Agent) SetOverride(engine, value string) (OverrideSet, error) {
-	if !images.ValidEngineName(engine) {
-		return OverrideSet{}, &InputError{fmt.Errorf("%q is not an engine name (lower-case letters, digits, '.', '_', '-')", engine)}
+	if err := images.CheckEngine(engine); err != nil {
+		return OverrideSet{}, &InputError{err}
 	}
 	o, err := images.ParseOverride(value)
 	if err != nil {
@@ -461,8 +461,8 @@ func (a *Agent) SetOverride(engine, value string) (OverrideSet, error) {
 // no longer name falls back to those. A bad value changes nothing.
 func (a *Agent) SetClusterOverrides(m map[string]string) error {
 	for engine, v := range m {
-		if !images.ValidEngineName(engine) {
-			return &InputError{fmt.Errorf("%q is not an engine name", engine)}
+		if err := images.CheckEngine(engine); err != nil {
+			return &InputError{err}
 		}
 		if _, err := images.ParseOverride(v); err != nil {
 			return &InputError{fmt.Errorf("engine %s: %w", engine, err)}

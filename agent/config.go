@@ -61,8 +61,8 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, err
 	}
 	for engine, v := range cfg.Overrides {
-		if !images.ValidEngineName(engine) {
-			return nil, fmt.Errorf("overrides: %q is not an engine name (lower-case letters, digits, '.', '_', '-')", engine)
+		if err := images.CheckEngine(engine); err != nil {
+			return nil, fmt.Errorf("overrides: %w", err)
 		}
 		if _, err := images.ParseOverride(v); err != nil {
 			return nil, fmt.Errorf("overrides: engine %s: %w", engine, err)

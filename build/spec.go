@@ -88,7 +88,6 @@ func ParseSpec(b []byte, dir string) (*Spec, error) {
 }
 
 var (
-	engineRE  = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
 	versionRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
 	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
@@ -98,8 +97,8 @@ func (s *Spec) Validate() error {
 	if s.Engine == "" {
 		return fmt.Errorf("engine: required")
 	}
-	if !engineRE.MatchString(s.Engine) {
-		return fmt.Errorf("engine: %q is not an engine name (lower-case letters, digits, '.', '_', '-')", s.Engine)
+	if err := images.CheckEngine(s.Engine); err != nil {
+		return fmt.Errorf("engine: %w", err)
 	}
 	if s.Version == "" {
 		return fmt.Errorf("version: required")

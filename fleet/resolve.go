@@ -96,8 +96,8 @@ func Resolve(ovs []EngineOverride, nodeName string, nodeLabels map[string]string
 		switch {
 		case !ok || lvl > cur.Level:
 			r := Resolution{Engine: o.Spec.Engine, Choice: o.Spec.Choice, Name: o.Name, Level: lvl}
-			if !images.ValidEngineName(o.Spec.Engine) {
-				r.Err = fmt.Errorf("%q is not an engine name", o.Spec.Engine)
+			if err := images.CheckEngine(o.Spec.Engine); err != nil {
+				r.Err = err
 			} else if _, err := images.ParseOverride(o.Spec.Choice); err != nil {
 				r.Err = err
 			}

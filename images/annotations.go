@@ -129,7 +129,7 @@ func (m Metadata) Validate() error {
 		return fmt.Errorf("variant %s: annotation %s=%q: want torch, cuda or exec", m.Variant, AnnotationProbe, m.Probe)
 	}
 	if m.Engine != "" && !validEngine(m.Engine) {
-		return fmt.Errorf("annotation %s=%q: not an engine name", AnnotationEngine, m.Engine)
+		return fmt.Errorf("annotation %s: %w", AnnotationEngine, CheckEngine(m.Engine))
 	}
 	if m.EngineVersion != "" && !ValidEngineVersion(m.EngineVersion) {
 		return fmt.Errorf("annotation %s=%q: not an engine version (letters, digits, '.', '_', '+' or '-', at most 128, as a tag is)", AnnotationEngineVersion, m.EngineVersion)

@@ -37,6 +37,18 @@ const overrideHeader = "# gpupin overrides, per engine: auto | none | a variant 
 // digits, '.', '_' and '-', starting with a letter or digit, at most 64 bytes.
 func ValidEngineName(s string) bool { return validEngine(s) }
 
+// ErrEngineName is what CheckEngine's errors wrap.
+var ErrEngineName = errors.New("is not an engine name (lower-case letters, digits, '.', '_', '-', from a letter or digit, at most 64 bytes)")
+
+// CheckEngine refuses what cannot name an engine, in the one wording every
+// input (wants, overrides, annotations, the API, the cluster) reports.
+func CheckEngine(s string) error {
+	if validEngine(s) {
+		return nil
+	}
+	return fmt.Errorf("%q %w", s, ErrEngineName)
+}
+
 // LoadOverrides reads the overrides file. A missing file is no overrides:
 // every engine is auto. Every entry is validated, so a bad hand edit is an
 // error that names the file and the engine rather than a wrong choice later.
@@ -59,8 +71,8 @@ func LoadOverrides(path string) (*OverrideFile, error) {
 		return nil, fmt.Errorf("overrides %s: %w", path, err)
 	}
 	for engine, value := range doc.Overrides {
-		if !ValidEngineName(engine) {
-			return nil, fmt.Errorf("overrides %s: %q is not an engine name (lower-case letters, digits, '.', '_', '-')", path, engine)
+		if err := CheckEngine(engine); err != nil {
+			return nil, fmt.Errorf("overrides %s: %w", path, err)
 		}
 		if _, err := ParseOverride(value); err != nil {
 			return nil, fmt.Errorf("overrides %s: engine %s: %w", path, engine, err)
@@ -97,8 +109,8 @@ func (of *OverrideFile) Engines() []string {
 
 // Set validates and records an override in memory; Save writes it.
 func (of *OverrideFile) Set(engine, value string) (Override, error) {
-	if !ValidEngineName(engine) {
-		return Override{}, fmt.Errorf("%q is not an engine name (lower-case letters, digits, '.', '_', '-', e.g. vllm)", engine)
+	if err := CheckEngine(engine); err != nil {
+		return Override{}, err
 	}
 	o, err := ParseOverride(value)
 	if err != nil {

@@ -52,8 +52,8 @@ func (o *Overrides) Override(engine string) (images.Override, bool, error) {
 func (o *Overrides) Replace(m map[string]string) error {
 	norm := make(map[string]images.Override, len(m))
 	for engine, v := range m {
-		if !images.ValidEngineName(engine) {
-			return fmt.Errorf("%q is not an engine name (lower-case letters, digits, '.', '_', '-')", engine)
+		if err := images.CheckEngine(engine); err != nil {
+			return err
 		}
 		ov, err := images.ParseOverride(v)
 		if err != nil {

@@ -56,8 +56,10 @@ func ValidateWant(w Want) error {
 	if _, err := images.ParseReference(w.Ref); err != nil {
 		return bad("ref: %v", err)
 	}
-	if w.Engine != "" && !images.ValidEngineName(w.Engine) {
-		return bad("engine %q is not an engine name (lower-case letters, digits, '.', '_', '-', at most 64)", w.Engine)
+	if w.Engine != "" {
+		if err := images.CheckEngine(w.Engine); err != nil {
+			return bad("engine %v", err)
+		}
 	}
 	if w.Version != "" && !images.ValidEngineVersion(w.Version) {
 		return bad("version %q is not an engine version (letters, digits, '.', '_', '+', '-', at most 128)", w.Version)

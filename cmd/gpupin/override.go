@@ -69,8 +69,8 @@ func runOverrideSet(c *cli.Context) error {
 	}
 	engine, value := args[0], args[1]
 	ov, err := images.ParseOverride(value)
-	if err == nil && !images.ValidEngineName(engine) {
-		err = fmt.Errorf("%q is not an engine name", engine)
+	if err == nil {
+		err = images.CheckEngine(engine)
 	}
 	if err != nil {
 		return usageError("%v", err)
@@ -111,8 +111,8 @@ func engineArg(c *cli.Context) (string, error) {
 		return "", usageError("usage: %s", c.Command.UsageText)
 	}
 	engine := c.Args().First()
-	if !images.ValidEngineName(engine) {
-		return "", usageError("%q is not an engine name", engine)
+	if err := images.CheckEngine(engine); err != nil {
+		return "", usageError("%v", err)
 	}
 	return engine, nil
 }
