@@ -73,8 +73,11 @@ func TestKubeletRunsTheProvedEngineSimulated(t *testing.T) {
 		provision.WithOverrides(provision.NoOverrides()), provision.WithLockDir(filepath.Join(e.dir, "locks")),
 		provision.WithProbeTimeout(30*time.Second), provision.WithProbeDir(filepath.Join(e.dir, "probe")))
 	st := p.Provision(ctx, provision.Want{Engine: engine, Version: version, Ref: e.reg.Host + "/" + engine + ":" + version})
-	if st.State != provision.Ready || st.Variant != "cu129" || st.Pin == nil || st.Pin.Local != engineCtr.Image {
-		t.Fatalf("provision: %v; want cu129 ready under the manifest's %s", st, engineCtr.Image)
+	if st.State != provision.Ready || st.Variant != "cu129" {
+		t.Fatalf("provision: %v; want cu129 ready", st)
+	}
+	if pin, err := e.rt.GetPin(ctx, key); err != nil || pin == nil || pin.Ref != st.Pinned || pin.Local != engineCtr.Image {
+		t.Fatalf("pin %+v, %v: want %s under the manifest's %s", pin, err, st.Pinned, engineCtr.Image)
 	}
 
 	// The label node-feature-discovery would publish from the agent's
