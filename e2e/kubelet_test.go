@@ -22,9 +22,10 @@ import (
 	"github.com/gpupin/gpupin/runtime"
 )
 
-// The pause image kubelet's pods get: no registry.k8s.io here, so an image
-// of the test's own (it sleeps) is tagged with the name the CRI plugin
-// defaults to, and pinned as its sandbox image.
+// The pause image kubelet's pods get: registry.k8s.io cannot be reached
+// here, so an image of the test's own (it sleeps) takes a pause name of
+// the kind a node's CRI config names, as the CRI plugin's sandbox image
+// (pinned, on 2.x).
 const kubeletPause = "registry.k8s.io/pause:3.10"
 
 // The pod of deploy/kubernetes/engine-deployment.yaml, run by a real
