@@ -5,7 +5,7 @@ BIN       := bin
 PKGS      := ./...
 # scripts/deps.sh caches the Go-built tools here: containerd 2.4.2 (the
 # suite's second daemon), 1.7.35 and 2.1.9 (releases fleets run), crictl,
-# staticcheck and nfd-worker.
+# staticcheck, nfd-worker, and etcd, kube-apiserver and kubelet 1.37.2.
 export GPUPIN_TOOLS ?= /var/tmp/gpupin-tools
 CONTAINERD2 ?= $(GPUPIN_TOOLS)/containerd-2.4.2
 CONTAINERD17 ?= $(GPUPIN_TOOLS)/containerd-1.7.35
@@ -60,8 +60,8 @@ test-dist: require-root dist
 # What a fresh Debian machine lacks. deps-demo: only what the demo runs on
 # (containerd, runc, busybox-static, gcc). deps: that and what the tests
 # need (docker-registry, skopeo, …; containerd 2.4.2, 1.7.35 and 2.1.9,
-# crictl, staticcheck and nfd-worker built through the Go module proxy and
-# cached in $(GPUPIN_TOOLS)).
+# crictl, staticcheck, nfd-worker, etcd, kube-apiserver and kubelet built
+# through the Go module proxy and cached in $(GPUPIN_TOOLS)).
 deps:
 	./scripts/deps.sh test
 

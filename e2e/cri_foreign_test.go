@@ -21,7 +21,7 @@ import (
 // the node's own image back under the pin's local name, removes the name
 // of an engine the node has no pin of, and reports both as foreign.
 func TestCRISimulatedPulledLocalNameIsForeign(t *testing.T) {
-	e := newCRIEnv(t)
+	e := newCRIEnv(t, sandbox.DefaultSandboxImage)
 	ctx := context.Background()
 	certsD := filepath.Join(e.dir, "certs.d")
 	os.MkdirAll(filepath.Join(certsD, runtime.DefaultLocalPrefix), 0o755)

@@ -32,7 +32,9 @@ type criEnv struct {
 	dir string
 }
 
-func newCRIEnv(t *testing.T) *criEnv {
+// newCRIEnv starts it with pause, a name no registry need serve, as the CRI
+// plugin's sandbox image: an image of the test's own is put under it.
+func newCRIEnv(t *testing.T, pause string) *criEnv {
 	t.Helper()
 	e := &criEnv{t: t, reg: testenv.Registry(t), dir: t.TempDir()}
 	// The CRI plugin's own pulls (crictl pull) reach the loopback
@@ -43,9 +45,8 @@ func newCRIEnv(t *testing.T) *criEnv {
 	if err := os.WriteFile(filepath.Join(certsD, e.reg.Host, "hosts.toml"), []byte(hosts), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// The pause image is sandbox.DefaultSandboxImage, a name no registry
-	// serves: put in place below, it is never pulled.
-	e.d, _ = testenv.OwnContainerd(t, sandbox.ContainerdOptions{CRI: true, RegistryConfigPath: certsD})
+	// The pause image, put in place below, is never pulled.
+	e.d, _ = testenv.OwnContainerd(t, sandbox.ContainerdOptions{CRI: true, RegistryConfigPath: certsD, SandboxImage: pause})
 	cdi := filepath.Join(e.dir, "cdi")
 	os.MkdirAll(cdi, 0o755)
 	var err error
@@ -56,11 +57,11 @@ func newCRIEnv(t *testing.T) *criEnv {
 	}
 	t.Cleanup(func() { e.rt.Close() })
 
-	pause, err := sandbox.Image(sandbox.ImageSpec{Entrypoint: []string{"sleep", "3600"}})
+	img, err := sandbox.Image(sandbox.ImageSpec{Entrypoint: []string{"sleep", "3600"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pd, err := sandbox.PushImage(context.Background(), e.reg.Host+"/pause:1", pause)
+	pd, err := sandbox.PushImage(context.Background(), e.reg.Host+"/pause:1", img)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +74,7 @@ func newCRIEnv(t *testing.T) *criEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := is.Create(e.ctx(), images.Image{Name: sandbox.DefaultSandboxImage, Target: rec.Target}); err != nil {
+	if _, err := is.Create(e.ctx(), images.Image{Name: pause, Target: rec.Target}); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -146,7 +147,7 @@ func (e *criEnv) writeJSON(name, text string) string {
 // from the local name runs the proved variant.
 func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 	needProbeBinaries(t)
-	e := newCRIEnv(t)
+	e := newCRIEnv(t, sandbox.DefaultSandboxImage)
 	ctx := context.Background()
 	if _, err := sandbox.PublishEngine(ctx, e.reg.Host, "demo", "1.0", []sandbox.EngineVariant{testenv.CU13, testenv.CU129}); err != nil {
 		t.Fatal(err)

@@ -17,7 +17,8 @@
 #           CRI tests), staticcheck v0.8.2 (make check) and nfd-worker
 #           v0.17.3 (scripts/nfd-worker.sh: the NFD feature-file test),
 #           etcd v3.6.16 and kube-apiserver v1.37.2 (scripts/kube-tools.sh:
-#           the fleet tests' control plane).
+#           the fleet tests' control plane) and kubelet v1.37.2 (the same
+#           script: the e2e test that runs the engine Deployment's pod).
 # The Go tools come through the Go module proxy; each is rebuilt only when
 # the cached one is missing or is another version.
 set -euo pipefail
@@ -172,7 +173,8 @@ go_has "$TOOLS/staticcheck" honnef.co/go/tools "$STATICCHECK_VERSION" ||
 # nfd-worker reads the agent's NFD feature file in a test; it needs a build
 # of its own (scripts/nfd-worker.sh says why).
 GPUPIN_TOOLS="$TOOLS" "$(dirname "$0")/nfd-worker.sh"
-# etcd and kube-apiserver for the fleet tests (internal/kubetest): about 5
-# minutes once on 2 cores (23 under other builds' load), then cached.
+# etcd and kube-apiserver for the fleet tests, kubelet for the e2e kubelet
+# test (internal/kubetest): about 12 minutes once on 2 cores (far more
+# under other builds' load), then cached.
 GPUPIN_TOOLS="$TOOLS" "$(dirname "$0")/kube-tools.sh"
 exit 0

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver v1.37.2 and etcd v3.6.16 into
+# Builds kube-apiserver and kubelet v1.37.2 and etcd v3.6.16 into
 # $GPUPIN_TOOLS/kube-1.37.2 (default /var/tmp/gpupin-tools) unless the cached
 # binaries already are these versions: the fleet tests (internal/kubetest)
-# start them on loopback.
+# start etcd and kube-apiserver on loopback, and the kubelet test
+# (e2e/kubelet_test.go) a standalone kubelet over a test's containerd.
 #
-# Neither installs with `go install`: k8s.io/kubernetes replaces its k8s.io/*
+# None installs with `go install`: k8s.io/kubernetes replaces its k8s.io/*
 # staging modules with ./staging directories the module zip lacks, and etcd's
 # server module replaces its siblings with ../ paths. Each is copied out of
 # the module cache, its replaces dropped (the staging modules pinned to the
-# release they ship with), and built as the main module. About 4 minutes for
-# kube-apiserver and 1 for etcd on 2 cores, once.
+# release they ship with), and built as the main module. On 2 cores, once:
+# about 1 minute for etcd, 4 for kube-apiserver and 7.5 for kubelet (less
+# after kube-apiserver: they share most packages).
 set -euo pipefail
 
 TOOLS=${GPUPIN_TOOLS:-/var/tmp/gpupin-tools}
@@ -55,25 +57,39 @@ if ! built_with "$DEST/etcd" go.etcd.io/etcd/api/v3 "$ETCD_VERSION"; then
 	tmp=""
 fi
 
-if ! built_with "$DEST/kube-apiserver" k8s.io/apiserver "$STAGING_VERSION"; then
-	tmp=$(mktemp -d "$TOOLS/.build.XXXXXX")
-	src=$(dir_of "k8s.io/kubernetes@$KUBE_VERSION")
-	cp -r "$src" "$tmp/src"
-	chmod -R u+w "$tmp/src"
-	rm -f "$tmp/src"/go.work*
-	(
-		cd "$tmp/src"
+# kube_build CMD: build ./cmd/CMD of k8s.io/kubernetes into $DEST, from one
+# copy of the module shared by every CMD this run builds.
+kube_src=""
+kube_build() {
+	if [ -z "$kube_src" ]; then
+		tmp=$(mktemp -d "$TOOLS/.build.XXXXXX")
+		kube_src="$tmp/src"
+		cp -r "$(dir_of "k8s.io/kubernetes@$KUBE_VERSION")" "$kube_src"
+		chmod -R u+w "$kube_src"
+		rm -f "$kube_src"/go.work*
 		# Every staging module: drop its replace, require the release.
-		for m in $(local_replaces | grep '^k8s\.io/'); do
+		(cd "$kube_src" && for m in $(local_replaces | grep '^k8s\.io/'); do
 			go mod edit -dropreplace="$m" -require="$m@$STAGING_VERSION"
-		done
-		echo "building kube-apiserver $KUBE_VERSION (about 4 minutes on 2 cores, once)"
-		# The version kube-apiserver reports (/version, --version).
-		GOFLAGS=-mod=mod go build -o "$tmp/kube-apiserver" \
-			-ldflags "-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \
-			./cmd/kube-apiserver
-	)
-	mv -f "$tmp/kube-apiserver" "$DEST/kube-apiserver"
-	rm -rf "$tmp"
-	tmp=""
+		done)
+	fi
+	echo "building $1 $KUBE_VERSION (minutes on 2 cores, once)"
+	# The version the binary reports (--version, kube-apiserver's /version,
+	# kubelet's node status). -trimpath: the copy's directory is new each
+	# run, and without it every package of the copy would miss Go's build
+	# cache (its key holds the source directory).
+	(cd "$kube_src" && GOFLAGS=-mod=mod go build -trimpath -o "$tmp/$1" \
+		-ldflags "-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \
+		"./cmd/$1")
+	mv -f "$tmp/$1" "$DEST/$1"
+}
+
+# kubelet links k8s.io/kubelet, kube-apiserver k8s.io/apiserver: each is
+# rebuilt when the staging module it was built with is not this release.
+# (In an if, not after ||: set -e does not reach into a function run as
+# the left or right of || or &&.)
+if ! built_with "$DEST/kube-apiserver" k8s.io/apiserver "$STAGING_VERSION"; then
+	kube_build kube-apiserver
+fi
+if ! built_with "$DEST/kubelet" k8s.io/kubelet "$STAGING_VERSION"; then
+	kube_build kubelet
 fi

@@ -1,8 +1,10 @@
-// Package kubetest starts a real control plane for tests: etcd and
-// kube-apiserver (v1.37.2 and v3.6.16, built by scripts/kube-tools.sh into
-// $GPUPIN_TOOLS/kube-1.37.2) on loopback, in a temporary directory, with
-// RBAC, ValidatingAdmissionPolicy, static-token users and service-account
-// tokens. A missing binary fails the test: CI builds them.
+// Package kubetest starts real Kubernetes parts for tests: a control plane
+// (etcd v3.6.16 and kube-apiserver v1.37.2) on loopback, in a temporary
+// directory, with RBAC, ValidatingAdmissionPolicy, static-token users and
+// service-account tokens; and a standalone kubelet v1.37.2 over a test's
+// containerd (kubelet.go). scripts/kube-tools.sh builds them into
+// $GPUPIN_TOOLS/kube-1.37.2. A missing binary fails the test: CI builds
+// them.
 package kubetest
 
 import (
@@ -40,7 +42,7 @@ const Version = "1.37.2"
 // AdminToken is the static token of the admin user (group system:masters).
 const AdminToken = "gpupin-test-admin"
 
-// Tools is the directory holding etcd and kube-apiserver.
+// Tools is the directory holding etcd, kube-apiserver and kubelet.
 func Tools() string {
 	if d := os.Getenv("GPUPIN_KUBE_TOOLS"); d != "" {
 		return d

@@ -22,6 +22,10 @@ type EngineVariant struct {
 	Arch     string // platform architecture, default amd64
 	// NoAnnotations publishes the entry bare, so its metadata is derived.
 	NoAnnotations bool
+	// Entrypoint is the image's entrypoint; default none, so Cmd (an echo)
+	// runs. A pod's args replace Cmd: an engine a pod passes arguments to
+	// needs one.
+	Entrypoint []string
 }
 
 // PublishEngine pushes one image per variant and an index of them under
@@ -47,7 +51,7 @@ func PublishEngineAs(ctx context.Context, repo, engine, version string, variants
 		env = append(env, "GPUPIN_SIM_PROBE="+mode)
 		md := images.Metadata{Engine: engine, EngineVersion: version, Variant: v.Name, CUDA: v.CUDA, Archs: v.Archs, Probe: "cuda"}
 		ann := md.Annotations()
-		spec := ImageSpec{Env: env, Arch: v.Arch, Layers: v.Layers, Cmd: []string{"/bin/sh", "-c", "echo engine " + engine + " " + v.Name}}
+		spec := ImageSpec{Env: env, Arch: v.Arch, Layers: v.Layers, Entrypoint: v.Entrypoint, Cmd: []string{"/bin/sh", "-c", "echo engine " + engine + " " + v.Name}}
 		if !v.NoAnnotations {
 			spec.Annotations = ann
 		} else {
