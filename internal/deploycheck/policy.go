@@ -44,20 +44,24 @@ type policy struct {
 // CheckLocalNamesPolicy holds the local-names guard among docs to its
 // shape: a policy for pods and one for pod templates, each bound with
 // Deny, failing closed, matching what they must, and testing prefix (the
-// agent's --local-prefix). Documents of other kinds are not looked at.
+// agent's --local-prefix). Other documents are not looked at.
 // The CEL itself is judged by a real API server in the policy tests.
 func CheckLocalNamesPolicy(docs [][]byte, prefix string) []error {
 	var errs []error
 	policies := map[string]policy{}
 	bindings := map[string]policy{}
 	for _, doc := range docs {
-		var kind struct {
-			Kind string `json:"kind"`
+		var head struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
 		}
-		if err := yaml.Unmarshal(doc, &kind); err != nil {
+		if err := yaml.Unmarshal(doc, &head); err != nil {
 			return []error{err}
 		}
-		if kind.Kind != "ValidatingAdmissionPolicy" && kind.Kind != "ValidatingAdmissionPolicyBinding" {
+		if (head.Kind != "ValidatingAdmissionPolicy" && head.Kind != "ValidatingAdmissionPolicyBinding") ||
+			!strings.HasPrefix(head.Metadata.Name, "gpupin-local-names") {
 			continue
 		}
 		var p policy
