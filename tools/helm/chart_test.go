@@ -240,6 +240,35 @@ func TestDefaultsRenderThePlainManifests(t *testing.T) {
 	}
 }
 
+// helm lint --strict passes: no error and no warning, with the defaults
+// and with the fleet layer off.
+func TestLint(t *testing.T) {
+	kv, err := common.ParseKubeVersion("v1.37.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, values := range []string{"", "fleet: {enabled: false}\nmetrics: {serviceMonitor: {enabled: true}}"} {
+		vals := map[string]any{}
+		if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
+			t.Fatal(err)
+		}
+		l := action.NewLint()
+		l.Strict = true
+		l.Namespace = namespace
+		l.KubeVersion = kv
+		res := l.Run([]string{chartDir}, vals)
+		if res.TotalChartsLinted != 1 {
+			t.Errorf("%d charts linted", res.TotalChartsLinted)
+		}
+		for _, err := range res.Errors {
+			t.Errorf("values %q: %v", values, err)
+		}
+		for _, m := range res.Messages {
+			t.Log(m)
+		}
+	}
+}
+
 // crds/ is deploy/kubernetes/fleet-crds.yaml, byte for byte: Helm installs
 // it before the templates, and the two copies must never drift.
 func TestCRDsAreThePlainOnes(t *testing.T) {
