@@ -16,7 +16,7 @@ DAEMON_PKGS ?= ./runtime/... ./e2e/... ./faults/...
 STATICCHECK ?= $(GPUPIN_TOOLS)/staticcheck
 TESTFLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all deps deps-demo dist test-dist build build-nocgo image demo test check test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish fuzz clean
+.PHONY: all deps deps-demo dist test-dist build build-nocgo image demo test check test-helm test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish fuzz clean
 
 all: build
 
@@ -81,6 +81,7 @@ demo: deps-demo build
 # time each other out on a small machine.
 test: require-root deps build
 	$(MAKE) --no-print-directory check
+	$(MAKE) --no-print-directory test-helm
 	$(MAKE) --no-print-directory test-containerd1
 	$(MAKE) --no-print-directory test-containerd2
 	$(MAKE) --no-print-directory test-containerd17
@@ -92,6 +93,16 @@ check:
 	CGO_ENABLED=0 $(GO) vet ./node/ ./cmd/gpupin/
 	$(STATICCHECK) $(PKGS)
 	cd tools/dist && $(GO) vet . && $(STATICCHECK) .
+	cd tools/helm && $(GO) vet -tags nonvml . && $(STATICCHECK) -tags nonvml .
+
+# The Helm chart (deploy/helm/gpupin), through Helm v4's Go packages pinned
+# in tools/helm, a module of its own: rendered against the plain manifests'
+# expectations and installed on a real kube-apiserver (internal/kubetest).
+# -tags nonvml: Helm brings Go's plugin package (through kustomize), whose
+# binaries bind every C symbol at start, and NVML's exist only where a
+# driver is; the chart's test needs no NVML.
+test-helm:
+	cd tools/helm && $(GO) test -tags nonvml $(TESTFLAGS) .
 
 test-containerd1: require-root
 	@echo "== go test against $$(containerd --version)"

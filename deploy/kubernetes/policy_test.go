@@ -57,18 +57,23 @@ func TestLocalNamesPolicyOnARealAPIServer(t *testing.T) {
 		return err
 	}
 
-	// A policy takes effect a moment after it is created: wait for the
-	// first refusal.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		err := createPod(spec("gpupin.local/vllm:0.11.0", corev1.PullIfNotPresent, false))
-		if err != nil {
-			break
+	// A policy takes effect a moment after it is created, each on its
+	// own: wait for the first refusal by each.
+	for _, first := range []struct {
+		what   string
+		create func(corev1.PodSpec) error
+	}{{"pod", createPod}, {"deployment", createDeployment}} {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			err := first.create(spec("gpupin.local/vllm:0.11.0", corev1.PullIfNotPresent, false))
+			if err != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("a %s naming gpupin.local/ with IfNotPresent was still admitted after 20 s", first.what)
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("a pod naming gpupin.local/ with IfNotPresent was still admitted after 20 s")
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 	for _, tc := range []struct {
 		name    string

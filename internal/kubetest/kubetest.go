@@ -179,6 +179,9 @@ func (c *Cluster) StartAPIServer() error {
 		"--endpoint-reconciler-type=none",
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
+		// As kubeadm and managed clusters run it: the agent's DaemonSet is
+		// privileged (the chart's test installs it).
+		"--allow-privileged=true",
 		// What these tests use: namespaces, service accounts, and the
 		// policies that bind an agent to its own node's object.
 		"--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,ValidatingAdmissionPolicy",
