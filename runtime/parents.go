@@ -49,6 +49,10 @@ type implicitDir struct {
 	// touched: something was created in it after it was made, which set
 	// its modification time, as it does under containerd.
 	touched bool
+	// inUnnamed: it was made inside an implicit directory the layer had
+	// not named yet, which under containerd was then as mkparent copied
+	// it: a new directory takes that one's group if it was setgid.
+	inUnnamed bool
 }
 
 // rel is path relative to root ("" for root itself).
@@ -91,24 +95,25 @@ func (d *implicitDirs) filter(hdr *tar.Header) (bool, error) {
 			made = append(made, p)
 		}
 		for i := len(made) - 1; i >= 0; i-- {
-			if above := d.dirs[rel(d.root, filepath.Dir(made[i]))]; above != nil {
+			above := d.dirs[rel(d.root, filepath.Dir(made[i]))]
+			if above != nil {
 				above.touched = true
 			}
-			d.dirs[rel(d.root, made[i])] = &implicitDir{}
+			d.dirs[rel(d.root, made[i])] = &implicitDir{inUnnamed: above != nil && !above.header}
 		}
 	}
+	// (A whiteout removes nothing here: overlay's conversion makes a
+	// device beside what it names, and fails on a path the layer made
+	// itself, which leaves the layer to the daemon.)
 	st, statErr := os.Lstat(path)
 	switch {
-	case base == whiteoutOpaque:
 	case strings.HasPrefix(base, whiteoutPrefix):
-		// A whiteout takes the place of what it names: a directory made
-		// here for an earlier entry is gone, and what is made at that
-		// path later is the layer's own.
-		d.forget(rel(d.root, filepath.Join(filepath.Dir(path), strings.TrimPrefix(base, whiteoutPrefix))))
 	case hdr.Typeflag != tar.TypeDir:
 		// archive.Apply removes what is at the path first, for any entry
 		// but a directory (a PAX global header too, which it then skips).
-		d.forget(rel(d.root, path))
+		if statErr == nil && st.IsDir() {
+			d.forget(rel(d.root, path))
+		}
 	default:
 		if dir := d.dirs[rel(d.root, path)]; dir != nil {
 			dir.header = true
@@ -132,12 +137,9 @@ const (
 	whiteoutOpaque = ".wh..wh..opq"
 )
 
-// forget drops rel and everything under it: removed or replaced in the
+// forget drops the directory rel and everything under it: replaced in the
 // layer, none of it is a directory mkparent made.
 func (d *implicitDirs) forget(rel string) {
-	if st, err := os.Lstat(filepath.Join(d.root, rel)); err != nil || !st.IsDir() || len(d.dirs) == 0 {
-		return // no directory there: nothing under it was made
-	}
 	for r := range d.dirs {
 		if r == rel || strings.HasPrefix(r, rel+"/") {
 			delete(d.dirs, r)
@@ -149,18 +151,21 @@ func (d *implicitDirs) forget(rel string) {
 // mkparent gives it from parents (the parent chain's layer directories,
 // top first): owner, mode, times and extended attributes of the first
 // layer that has the path, unless that layer has something else there.
-// A directory no parent has is made by mkparent inside one it has just
-// copied: the group of a setgid directory copied there passes to it, as
-// the kernel passes it to a new directory (the setgid bit passes too, and
-// mkparent's chmod to 0755 takes it away). A default ACL would pass as
-// well: that is not copied.
+// A directory no parent has, made by mkparent inside one it has just
+// copied, takes the group of that one if it was setgid, as the kernel
+// gives it (the setgid bit passes too, and mkparent's chmod to 0755 takes
+// it away). A default ACL copied there would pass to what is made inside
+// as well, directories and files: that is not reproduced.
 func (d *implicitDirs) copyParentAttrs(parents []string) error {
 	rels := make([]string, 0, len(d.dirs))
 	for rel := range d.dirs {
 		rels = append(rels, rel)
 	}
-	sort.Strings(rels)            // a parent before what is under it
-	setgid := map[string]uint32{} // implicit directories left setgid, by rel: their group
+	sort.Strings(rels) // a parent before what is under it
+	// The group of each implicit directory whose copy made it setgid:
+	// what containerd's mkdir in it gave a new directory, before any
+	// header of the layer named it.
+	setgid := map[string]uint32{}
 	for _, rel := range rels {
 		path := filepath.Join(d.root, rel)
 		if !realDir(d.root, rel) {
@@ -175,26 +180,25 @@ func (d *implicitDirs) copyParentAttrs(parents []string) error {
 		dir := d.dirs[rel]
 		switch {
 		case src != "":
+			fi, err := os.Lstat(src)
+			if err != nil {
+				return fmt.Errorf("parent directory %s: %w", rel, err)
+			}
+			if fi.Mode()&os.ModeSetgid != 0 {
+				setgid[rel] = fi.Sys().(*syscall.Stat_t).Gid
+			}
 			if err := d.copyFrom(src, path, dir); err != nil {
 				return fmt.Errorf("parent directory %s: %w", rel, err)
 			}
-		case !dir.header:
+		case !dir.header && dir.inUnnamed:
 			// New here: containerd's default, 0755 root, in the group of
-			// a setgid directory it was made in.
-			gid, ok := setgid[filepath.Dir(rel)]
-			if !ok {
-				continue
+			// a setgid directory it was made in. (Made in a directory the
+			// layer had named, it was given that one's group here too.)
+			if gid, ok := setgid[filepath.Dir(rel)]; ok {
+				if err := lchown(path, -1, int(gid)); err != nil {
+					return fmt.Errorf("parent directory %s: %w", rel, err)
+				}
 			}
-			if err := lchown(path, -1, int(gid)); err != nil {
-				return fmt.Errorf("parent directory %s: %w", rel, err)
-			}
-		}
-		fi, err := os.Lstat(path)
-		if err != nil {
-			return fmt.Errorf("parent directory %s: %w", rel, err)
-		}
-		if fi.Mode()&os.ModeSetgid != 0 {
-			setgid[rel] = fi.Sys().(*syscall.Stat_t).Gid
 		}
 	}
 	return nil
@@ -255,8 +259,20 @@ func parentDir(parents []string, rel string) (string, error) {
 	return "", nil
 }
 
-func (d *implicitDirs) copyFrom(src, path string, dir *implicitDir) error {
-	if !dir.header {
+func (d *implicitDirs) copyFrom(src, path string, dir *implicitDir) (retErr error) {
+	if dir.header {
+		// The header's mode came last under containerd; a POSIX ACL
+		// copied now rewrites the group bits, so the mode goes back after.
+		fi, err := os.Lstat(path)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := os.Chmod(path, fi.Mode()); err != nil && retErr == nil {
+				retErr = err
+			}
+		}()
+	} else {
 		fi, err := os.Lstat(src)
 		if err != nil {
 			return err
@@ -280,7 +296,7 @@ func (d *implicitDirs) copyFrom(src, path string, dir *implicitDir) error {
 		}
 		ts := []unix.Timespec{unix.NsecToTimespec(syscall.TimespecToNsec(fs.StatAtime(st))), unix.NsecToTimespec(syscall.TimespecToNsec(mtime))}
 		if err := unix.UtimesNanoAt(unix.AT_FDCWD, path, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return err
+			return fmt.Errorf("set times: %w", err)
 		}
 	}
 	keys, err := sysx.LListxattr(src)
@@ -304,7 +320,7 @@ func (d *implicitDirs) copyFrom(src, path string, dir *implicitDir) error {
 		// Create only: an attribute the layer's header set stays.
 		if err := unix.Lsetxattr(path, k, v, unix.XATTR_CREATE); err != nil &&
 			!errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.ENOTSUP) && !errors.Is(err, unix.ENODATA) {
-			return err
+			return fmt.Errorf("set %s: %w", k, err)
 		}
 	}
 	return nil

@@ -433,6 +433,7 @@ func entryLayers(t *testing.T, comp compression.Compression, salt string) []v1.L
 			dir("g/", 0o2775, 0, 50),
 			dir("e/", 0o755, 0, 0),
 			dir("e/tmp/", 0o700, 1234, 0),
+			dir("s/", 0o2770, 0, 60),
 			file("suid", 0o4755, "setuid\n"),
 			file("sgid", 0o2711, "setgid\n"),
 			dir("sticky/", 0o1755, 0, 0),
@@ -480,9 +481,16 @@ func entryLayers(t *testing.T, comp compression.Compression, salt string) []v1.L
 			file("d-inh/sub/g", 0o644, "g\n"),
 			file("home/user/.cache/x", 0o600, "x\n").owned(1000, 1000),
 			file("sticky/in", 0o644, "in a sticky directory\n"),
-			// New under a setgid directory of layer 0: they take its group
-			// and setgid bit, as mkdir gives them.
+			// New under a setgid directory of layer 0: sub takes its group
+			// (and not its setgid bit, which containerd's chmod drops), so
+			// deeper does not.
 			file("g/sub/deeper/file", 0o644, "two directories down\n"),
+			// Made before the layer names its parent: the group is the one
+			// the parent had then (layer 0's setgid s; a new n, root's).
+			file("s/new/file", 0o644, "s named after\n"),
+			dir("s/", 0o755, 0, 0),
+			file("n/b/file", 0o644, "n named after\n"),
+			dir("n/", 0o2775, 0, 70),
 			file("e/tmp/file", 0o644, "under e/tmp, unnamed\n"),
 			hdr{Header: tar.Header{Typeflag: tar.TypeSymlink, Name: "e", Linkname: host}},
 		),
