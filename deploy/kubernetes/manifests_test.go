@@ -50,11 +50,7 @@ func TestEngineDeploymentUsesTheLocalNameAndTheLabel(t *testing.T) {
 // namespace, with NFD's features.d mounted; its wants are ones the agent
 // accepts. (The Helm chart's test holds its render to the same.)
 func TestDaemonSetNamesTheImageAndMountsTheFeatureDir(t *testing.T) {
-	mk, err := os.ReadFile("../../Makefile")
-	if err != nil {
-		t.Fatal(err)
-	}
-	image, err := deploycheck.MakeImage(mk)
+	image, err := deploycheck.MakeImage("../../Makefile")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -183,8 +184,12 @@ func CheckAgent(objs []Object, a Agent) (*agent.Config, []error) {
 }
 
 // MakeImage is the image `make image` builds and publishes, from the
-// Makefile's IMAGE_REPO and IMAGE_VERSION.
-func MakeImage(makefile []byte) (string, error) {
+// IMAGE_REPO and IMAGE_VERSION of the Makefile at path.
+func MakeImage(path string) (string, error) {
+	makefile, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
 	repo := regexp.MustCompile(`(?m)^IMAGE_REPO\s*\?=\s*(\S+)`).FindSubmatch(makefile)
 	version := regexp.MustCompile(`(?m)^IMAGE_VERSION\s*\?=\s*(\S+)`).FindSubmatch(makefile)
 	if repo == nil || version == nil {

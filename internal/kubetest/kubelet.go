@@ -12,12 +12,13 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpupin/gpupin/internal/sandbox"
 )
 
 // KubeletOptions says which runtime a standalone kubelet drives and what
@@ -237,7 +238,7 @@ func (k *Kubelet) Stop() {
 			os.Remove(l)
 		}
 	}
-	unmountUnder(k.Dir)
+	sandbox.UnmountUnder(k.Dir)
 	if err := os.RemoveAll(k.Dir); err != nil {
 		fmt.Fprintf(os.Stderr, "kubetest: leaving %s: %v\n", k.Dir, err)
 	}
@@ -245,23 +246,3 @@ func (k *Kubelet) Stop() {
 
 // LogTail is the end of kubelet's log.
 func (k *Kubelet) LogTail() string { return tail(filepath.Join(k.Dir, "kubelet.log")) }
-
-func unmountUnder(dir string) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var points []string
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			points = append(points, f[4])
-		}
-	}
-	// Deepest first.
-	sort.Sort(sort.Reverse(sort.StringSlice(points)))
-	for _, p := range points {
-		if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
-			fmt.Fprintf(os.Stderr, "kubetest: unmount %s: %v\n", p, err)
-		}
-	}
-}

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -395,7 +396,7 @@ func (c *Containerd) Stop() {
 	c.kill()
 	killShims(c.Address)
 	c.deleteContainers()
-	unmountUnder(c.Dir)
+	UnmountUnder(c.Dir)
 	if err := os.RemoveAll(c.Dir); err != nil {
 		// Mounts still busy: leave the directory rather than fail a cleanup.
 		fmt.Fprintf(os.Stderr, "sandbox: leaving %s: %v\n", c.Dir, err)
@@ -453,22 +454,23 @@ func killShims(address string) {
 	killProcs(func(cmdline []byte) bool { return bytes.Contains(cmdline, shim) && bytes.Contains(cmdline, addr) })
 }
 
-func unmountUnder(dir string) {
+// UnmountUnder detaches every mount at or below dir, deepest first: what
+// a daemon or kubelet left mounted there would keep its files from going.
+func UnmountUnder(dir string) {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return
 	}
 	var points []string
 	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && strings.HasPrefix(f[4], dir) {
+		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
 			points = append(points, f[4])
 		}
 	}
-	// Deepest first.
-	for i := len(points) - 1; i >= 0; i-- {
-		if err := syscall.Unmount(points[i], syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
-			fmt.Fprintf(os.Stderr, "sandbox: unmount %s: %v\n", points[i], err)
+	sort.Sort(sort.Reverse(sort.StringSlice(points))) // a mount below another sorts after it
+	for _, p := range points {
+		if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+			fmt.Fprintf(os.Stderr, "sandbox: unmount %s: %v\n", p, err)
 		}
 	}
 }

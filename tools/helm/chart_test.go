@@ -176,11 +176,7 @@ func diff(path string, a, b any) []string {
 // makeImage is the image `make image` publishes.
 func makeImage(t *testing.T) string {
 	t.Helper()
-	mk, err := os.ReadFile("../../Makefile")
-	if err != nil {
-		t.Fatal(err)
-	}
-	image, err := deploycheck.MakeImage(mk)
+	image, err := deploycheck.MakeImage("../../Makefile")
 	if err != nil {
 		t.Fatal(err)
 	}
