@@ -18,6 +18,10 @@ func HoldZstdBudget() (release func()) {
 // other than by their stream being dropped, left to the daemon.
 func Fallbacks() int64 { return fallbacks.Load() }
 
+// Moves is how many layers this process extracted without their parent
+// and then moved onto it (rehome.go).
+func Moves() int64 { return moves.Load() }
+
 // SyncSnapshots is what SetPin waits for: the snapshots' filesystem
 // synced; gens is how many syncs were asked of this runtime so far.
 func (r *Runtime) SyncSnapshots(ctx context.Context) (gens uint64, err error) {

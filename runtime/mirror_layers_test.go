@@ -71,8 +71,10 @@ func TestLayersKeptWhereAMirrorServes(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := tc.mirrored || tc.keepLayers || !ls.Streamed
-			if ls.Streamed != canRebase(t, rt) {
-				t.Errorf("LayerStorage says streamed=%v on a snapshotter that rebases: %v", ls.Streamed, canRebase(t, rt))
+			if !ls.Streamed {
+				// Root on overlayfs: every containerd extracts here in
+				// parallel (with rebase from 2.2, by a move below it).
+				t.Errorf("LayerStorage says not streamed: %s", ls.Summary)
 			}
 			if stored != want {
 				t.Fatalf("layer stored %v, want %v (mirrored %v, keep %v, streamed %v)", stored, want, tc.mirrored, tc.keepLayers, ls.Streamed)

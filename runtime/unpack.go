@@ -49,13 +49,15 @@ import (
 // missing (gpupin in a container without the host's /var/lib/containerd,
 // another snapshotter, an encrypted layer) a layer is applied by the
 // daemon's diff service from the content store instead, as containerd
-// would. With containerd ≥ 2.2, whose overlayfs snapshotter can rebase a
-// snapshot onto its parent at commit ("rebase" capability), layers are
-// extracted in parallel and committed in order; on 1.6 one after another.
+// would. Layers are extracted in parallel, each into a snapshot without
+// its parent, and committed in order: with containerd ≥ 2.2, whose
+// overlayfs snapshotter can rebase a snapshot onto its parent at commit
+// ("rebase" capability), by that commit; below it, by moving the layer's
+// directory into a snapshot prepared on its parent (rehome.go).
 //
 // EnvUnpack selects a strategy, for benchmarks and for diagnosing a node:
 //
-//	""                     gpupin's pipeline, parallel where the snapshotter can rebase (the default)
+//	""                     gpupin's pipeline, parallel (the default)
 //	"serial"               gpupin's pipeline, one layer at a time
 //	"daemon"               gpupin's pipeline, every layer applied by the daemon's diff service
 //	"containerd"           containerd's unpacker, one layer at a time
@@ -83,8 +85,11 @@ const unpackLayers = 4
 
 type unpackStrategy struct {
 	containerd bool // containerd's unpacker
-	parallel   bool // extract layers at once, commit in order (rebase)
-	local      bool // extract in this process where the snapshot allows it
+	parallel   bool // extract layers at once, commit in order
+	// rehome: parallel on a snapshotter that cannot rebase; each layer's
+	// files are moved into a snapshot prepared on its parent (rehome.go).
+	rehome bool
+	local  bool // extract in this process where the snapshot allows it
 }
 
 func (s unpackStrategy) String() string {
@@ -101,6 +106,9 @@ func (s unpackStrategy) String() string {
 	}
 	if s.parallel {
 		b.WriteString(", parallel")
+		if s.rehome {
+			b.WriteString(" (moved onto the parent at commit)")
+		}
 	}
 	return b.String()
 }
@@ -128,6 +136,12 @@ func (r *Runtime) strategy(ctx context.Context) (unpackStrategy, error) {
 		// Extraction here writes files as their owners and, on overlayfs,
 		// makes whiteout devices: it needs root outside a user namespace.
 		local: mode != "daemon" && r.snapshotter == "overlayfs" && os.Geteuid() == 0 && !userns.RunningInUserNS(),
+	}
+	// Without rebase (containerd below 2.2) a layer extracted ahead is
+	// moved into place by this process: it needs what local extraction
+	// needs, the host's view of the snapshots included.
+	if !rebase && r.snapshotter == "overlayfs" && s.local && mode == "" {
+		s.parallel, s.rehome = true, true
 	}
 	return s, nil
 }
@@ -425,7 +439,12 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 			}
 			tracef("layer %d: %d directories it does not name given their parents' attributes in %s", l.i, len(l.implicit.dirs), time.Since(start))
 		}
-		if err := u.commit(ctx, sn, l, true); err != nil {
+		if u.strategy.rehome && l.parent != "" {
+			if err := u.rehome(ctx, sn, l); err != nil {
+				return err
+			}
+		}
+		if err := u.commit(ctx, sn, l, !u.strategy.rehome); err != nil {
 			return err
 		}
 		close(l.committed)
@@ -625,15 +644,6 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool, re
 	if err := l.waitFetched(ctx); err != nil {
 		return err
 	}
-	if l.discarded {
-		// The whole blob had come, been verified and gone before this
-		// extraction gave up: fetched again, for the daemon.
-		u.tracker.restart(l.desc.Digest.String())
-		if err := u.fetch(ctx, u.r.client.ContentStore(), l.fetcher, l.desc, nil); err != nil {
-			return fmt.Errorf("extract layer %d (%s): %w", l.i, l.desc.Digest, err)
-		}
-		l.discarded = false
-	}
 	mounts := l.mounts
 	if parallelChild {
 		// The daemon's extraction finds missing parent directories in
@@ -650,6 +660,21 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool, re
 			return fmt.Errorf("apply layer %d (%s): %w", l.i, l.desc.Digest, err)
 		}
 		mounts = bindToOverlay(mounts, parents)
+	}
+	return u.daemonApply(ctx, l, mounts)
+}
+
+// daemonApply has the daemon's diff service apply l's blob, from the
+// content store, to mounts, as containerd's unpacker does.
+func (u *unpacker) daemonApply(ctx context.Context, l *layer, mounts []mount.Mount) error {
+	if l.discarded {
+		// The whole blob had come, been verified and gone before this
+		// extraction gave up: fetched again, for the daemon.
+		u.tracker.restart(l.desc.Digest.String())
+		if err := u.fetch(ctx, u.r.client.ContentStore(), l.fetcher, l.desc, nil); err != nil {
+			return fmt.Errorf("extract layer %d (%s): %w", l.i, l.desc.Digest, err)
+		}
+		l.discarded = false
 	}
 	d, err := u.r.client.DiffService().Apply(ctx, l.desc, mounts)
 	if err != nil {

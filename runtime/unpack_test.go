@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -76,17 +75,6 @@ func strategyRuntime(t *testing.T, mode string) *runtime.Runtime {
 	}
 	t.Setenv(runtime.EnvUnpack, mode)
 	return testenv.Runtime(t)
-}
-
-// canRebase says whether rt's overlayfs snapshotter can rebase, so that
-// layers are extracted in parallel (containerd ≥ 2.2).
-func canRebase(t *testing.T, rt *runtime.Runtime) bool {
-	t.Helper()
-	caps, err := rt.Client().GetSnapshotterCapabilities(withNS(context.Background(), rt.Namespace()), "overlayfs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return slices.Contains(caps, "rebase")
 }
 
 // whiteoutLayers are three layers that exercise what an extraction must
@@ -167,9 +155,10 @@ func TestUnpackStrategiesMakeTheSameRootfs(t *testing.T) {
 					t.Fatal(err)
 				}
 				nsctx := withNS(ctx, rt.Namespace())
-				// The default extracts layers in parallel where the
-				// snapshotter can rebase, and then stores none it extracted.
-				direct := mode == "" && canRebase(t, rt)
+				// The default extracts layers in parallel (as root, on
+				// overlayfs, on every containerd), and then stores none it
+				// extracted.
+				direct := mode == ""
 				rec, err := rt.Client().ImageService().Get(nsctx, ref)
 				if err != nil {
 					t.Fatal(err)
@@ -411,11 +400,11 @@ func TestZstdLayersWithoutDecoderBudgetAreAppliedByTheDaemon(t *testing.T) {
 	}
 }
 
-// Where layers are extracted here in parallel (containerd ≥ 2.2), a pull
-// stores none of the blobs it extracted: the image runs from its
-// snapshots, and the pull's progress counts the bytes as they come, though
-// the content store never sees them. WithKeepLayers stores every blob, as
-// does a daemon whose layers are extracted one after another.
+// Where layers are extracted here in parallel (as root, on overlayfs, on
+// every containerd), a pull stores none of the blobs it extracted: the
+// image runs from its snapshots, and the pull's progress counts the bytes
+// as they come, though the content store never sees them. WithKeepLayers
+// stores every blob.
 func TestLayersExtractedHereAreNotStored(t *testing.T) {
 	ctx := context.Background()
 	reg := testenv.Registry(t)
@@ -465,8 +454,8 @@ func TestLayersExtractedHereAreNotStored(t *testing.T) {
 			mu.Unlock()
 			nsctx := withNS(ctx, rt.Namespace())
 			_, err = rt.Client().ContentStore().Info(nsctx, digestOf(ld.String()))
-			direct := !keep && canRebase(t, rt)
-			t.Logf("keep %v, parallel %v: the layer's blob in the store: %v", keep, canRebase(t, rt), err == nil)
+			direct := !keep
+			t.Logf("keep %v: the layer's blob in the store: %v", keep, err == nil)
 			switch {
 			case direct && err == nil:
 				t.Error("the layer was extracted here and stored too")
