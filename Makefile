@@ -44,7 +44,8 @@ image:
 
 # The release layout for nodes without Kubernetes: $(DIST)/gpupin_V_linux_ARCH.tar.gz
 # and $(DIST)/gpupin_V_ARCH.deb (nfpm, through tools/dist, a module of its
-# own): gpupin in /usr/bin, its probe programs in /usr/lib/gpupin (where
+# own): gpupin in /usr/bin (and kubectl-gpupin, a link to it, the kubectl
+# plugin), its probe programs in /usr/lib/gpupin (where
 # gpupin looks), the agent's systemd unit (not enabled) and a commented
 # /etc/gpupin/agent.yaml (a conffile). test-dist installs the .deb with
 # dpkg, detects and provisions from the installed paths, and purges it.

@@ -40,6 +40,9 @@ var agentUsers = []kubetest.User{
 	{Name: "gpupin:agent:e2e-h100", Groups: []string{"gpupin:agents"}},
 	{Name: "gpupin:agent:e2e-a10", Groups: []string{"gpupin:agents"}},
 	{Name: "gpupin:agent:e2e-v100", Groups: []string{"gpupin:agents"}},
+	{Name: "gpupin:agent:own-new", Groups: []string{"gpupin:agents"}},
+	{Name: "gpupin:agent:own-old", Groups: []string{"gpupin:agents"}},
+	{Name: "gpupin:agent:own-late", Groups: []string{"gpupin:agents"}},
 }
 
 func TestMain(m *testing.M) {

@@ -82,7 +82,8 @@ func NewNode(opts NodeOptions) (*Node, error) {
 	n := &Node{opts: opts, kube: kube, lastEvent: map[string]string{}, lastFailure: map[string]*Failure{}, lastRejects: map[string]bool{}}
 	n.watcher = &Watcher{Dyn: dyn, Kube: kube, NodeName: opts.NodeName, CachePath: opts.CachePath,
 		SyncTimeout: opts.SyncTimeout, Logger: opts.Logger, Apply: n.applyChoices}
-	n.status = &StatusWriter{Dyn: dyn, NodeName: opts.NodeName, Every: opts.StatusEvery, Logger: opts.Logger, Build: n.build}
+	n.status = &StatusWriter{Dyn: dyn, NodeName: opts.NodeName, Every: opts.StatusEvery, Logger: opts.Logger, Build: n.build,
+		NodeUID: n.watcher.NodeUID}
 	// The broadcaster's correlator aggregates repeats and rate-limits
 	// each source and object (a burst of 25, then one per 5 minutes).
 	n.bcast = record.NewBroadcaster()

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,15 +31,20 @@ type StatusWriter struct {
 	Dyn      dynamic.Interface
 	NodeName string
 	Build    func(ctx context.Context) NodeStatus
+	// NodeUID is the node's Node's UID, for the owner reference that
+	// lets the garbage collector remove the GPUPinNode with its Node; nil
+	// or "": written without one.
+	NodeUID func() types.UID
 	// Every rewrites the status even without a change (facts a driver
 	// upgrade changed); default a minute.
 	Every  time.Duration
 	Logger *slog.Logger
 
-	kick   chan struct{}
-	once   sync.Once
-	writes int
-	mu     sync.Mutex
+	kick     chan struct{}
+	once     sync.Once
+	writes   int
+	ownerErr string // the last owner reference error logged
+	mu       sync.Mutex
 }
 
 func (s *StatusWriter) init() {
@@ -105,13 +111,21 @@ func (s *StatusWriter) Run(ctx context.Context) {
 func (s *StatusWriter) write(ctx context.Context) error {
 	st := s.Build(ctx)
 	r := s.Dyn.Resource(GPUPinNodes)
+	owner := s.owner()
 	cur, err := r.Get(ctx, s.NodeName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		obj := &unstructured.Unstructured{}
-		obj.SetAPIVersion(Group + "/" + Version)
-		obj.SetKind("GPUPinNode")
-		obj.SetName(s.NodeName)
-		cur, err = r.Create(ctx, obj, metav1.CreateOptions{FieldManager: "gpupin-agent"})
+	switch {
+	case apierrors.IsNotFound(err):
+		cur, err = s.create(ctx, owner)
+	case err == nil && owner != nil && !hasOwner(cur, *owner):
+		// An object an older agent made, or one whose Node was made
+		// again (a new UID): the reference is added before the status
+		// write, and a refusal leaves the status to be written anyway.
+		if adopted, aerr := s.adopt(ctx, cur, *owner); aerr != nil {
+			s.ownerNotSet(aerr)
+		} else {
+			cur = adopted
+			s.ownerNotSet(nil)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("GPUPinNode %s: %w", s.NodeName, err)
@@ -131,6 +145,102 @@ func (s *StatusWriter) write(ctx context.Context) error {
 	s.writes++
 	s.mu.Unlock()
 	return nil
+}
+
+// owner is the owner reference to the node's Node, nil while its UID is
+// unknown (not listed yet, no such Node, the API down): the status is
+// written without it then, and the reference added on a later write.
+//
+// No blockOwnerDeletion: it would only hold a foreground deletion of the
+// Node for this object, and under the OwnerReferencesPermissionEnforcement
+// admission plugin setting it needs update on nodes/finalizers, which an
+// agent must not have. Not a controller reference either: the Node does
+// not manage it.
+func (s *StatusWriter) owner() *metav1.OwnerReference {
+	if s.NodeUID == nil {
+		return nil
+	}
+	uid := s.NodeUID()
+	if uid == "" {
+		return nil
+	}
+	return &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: s.NodeName, UID: uid}
+}
+
+// create makes the node's GPUPinNode, owned by its Node when owner is
+// known. A create with the reference refused (under
+// OwnerReferencesPermissionEnforcement, setting one needs delete on the
+// object, which the agent lacks) is made again without it: the status
+// matters more than its garbage collection.
+func (s *StatusWriter) create(ctx context.Context, owner *metav1.OwnerReference) (*unstructured.Unstructured, error) {
+	obj := &unstructured.Unstructured{}
+	obj.SetAPIVersion(Group + "/" + Version)
+	obj.SetKind("GPUPinNode")
+	obj.SetName(s.NodeName)
+	r := s.Dyn.Resource(GPUPinNodes)
+	if owner != nil {
+		obj.SetOwnerReferences([]metav1.OwnerReference{*owner})
+		cur, err := r.Create(ctx, obj, metav1.CreateOptions{FieldManager: "gpupin-agent"})
+		if err == nil || apierrors.IsAlreadyExists(err) || ctx.Err() != nil {
+			return cur, err
+		}
+		s.ownerNotSet(err)
+		obj.SetOwnerReferences(nil)
+	}
+	return r.Create(ctx, obj, metav1.CreateOptions{FieldManager: "gpupin-agent"})
+}
+
+// adopt adds owner to cur's owner references with a merge patch that
+// names cur's resourceVersion (a conflict rather than a lost reference
+// another writer added meanwhile). Another Node reference (the Node made
+// again under the same name) is replaced; references to anything else
+// are kept.
+func (s *StatusWriter) adopt(ctx context.Context, cur *unstructured.Unstructured, owner metav1.OwnerReference) (*unstructured.Unstructured, error) {
+	refs := []metav1.OwnerReference{owner}
+	for _, r := range cur.GetOwnerReferences() {
+		if !isNodeRef(r) {
+			refs = append(refs, r)
+		}
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"resourceVersion": cur.GetResourceVersion(), "ownerReferences": refs}})
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.Dyn.Resource(GPUPinNodes).Patch(ctx, s.NodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "gpupin-agent"})
+	if err != nil {
+		return nil, fmt.Errorf("owner reference to Node %s: %w", s.NodeName, err)
+	}
+	return out, nil
+}
+
+// ownerNotSet logs a refused owner reference once per distinct error
+// (the status is rewritten every minute), and its recovery; nil: set.
+func (s *StatusWriter) ownerNotSet(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case err == nil && s.ownerErr != "":
+		s.Logger.Info("GPUPinNode owner reference to its Node set", "node", s.NodeName)
+		s.ownerErr = ""
+	case err != nil && err.Error() != s.ownerErr:
+		s.Logger.Warn("GPUPinNode written without an owner reference to its Node: deleting the Node will not remove it",
+			"node", s.NodeName, "err", err)
+		s.ownerErr = err.Error()
+	}
+}
+
+func isNodeRef(r metav1.OwnerReference) bool { return r.APIVersion == "v1" && r.Kind == "Node" }
+
+// hasOwner says whether cur already names owner (by UID, as the garbage
+// collector matches owners).
+func hasOwner(cur *unstructured.Unstructured, owner metav1.OwnerReference) bool {
+	for _, r := range cur.GetOwnerReferences() {
+		if isNodeRef(r) && r.UID == owner.UID {
+			return true
+		}
+	}
+	return false
 }
 
 // BuildStatus makes a node's status from the agent's engine statuses,

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -154,6 +155,22 @@ func (w *Watcher) run(ctx context.Context) {
 			w.resolve()
 		}
 	}
+}
+
+// NodeUID is the UID of the node's Node as the informer last listed it;
+// "" before the first listing, or when no Node has the name.
+func (w *Watcher) NodeUID() types.UID {
+	if w.nodeInf == nil {
+		return ""
+	}
+	obj, ok, err := w.nodeInf.GetStore().GetByKey(w.NodeName)
+	if err != nil || !ok {
+		return ""
+	}
+	if n, ok := obj.(*corev1.Node); ok {
+		return n.UID
+	}
+	return ""
 }
 
 // Current is the choices last applied.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make test-dist: installs the .deb that make dist built with dpkg, as a
 # node would, then, from the installed paths only: gpupin detect on
-# simulated facts, and a provision (cu13's simulated probe fails, cu129 is
+# simulated facts, the kubectl-gpupin link's help, and a provision (cu13's simulated probe fails, cu129 is
 # pinned) against a private containerd and registry (gpupin-sandbox, as in
 # make demo), its probe programs found in /usr/lib/gpupin. Then dpkg -r
 # (the conffile stays) and dpkg -P (nothing of the package stays).
@@ -34,6 +34,8 @@ files=(/usr/bin/gpupin /usr/lib/gpupin/gpupin-cuda-probe /usr/lib/gpupin/gpupin-
 for f in "${files[@]}"; do [ -f "$f" ] || fail "$f is not installed"; done
 grep -q '^ExecStart=/usr/bin/gpupin ' /lib/systemd/system/gpupin-agent.service ||
 	fail "the unit does not start /usr/bin/gpupin"
+# kubectl gpupin runs the kubectl-gpupin on PATH: the link to gpupin.
+[ "$(readlink /usr/bin/kubectl-gpupin)" = gpupin ] || fail "/usr/bin/kubectl-gpupin is not a link to gpupin"
 dpkg-query -W -f='${Conffiles}\n' gpupin | grep -q '^ /etc/gpupin/agent.yaml ' ||
 	fail "/etc/gpupin/agent.yaml is not a conffile"
 # Nothing starts on install: no maintainer scripts, no enabled unit, no agent.
@@ -51,6 +53,8 @@ gp detect --node examples/nodes/h100-driver580.json | tee "$work/detect"
 grep -q 'SIMULATED' "$work/detect" || fail "detect on simulated facts does not say SIMULATED"
 gp agent --help >"$work/agent-help"
 grep -q -- '--sweep-every' "$work/agent-help" || fail "gpupin agent --help"
+env -u GPUPIN_LIBDIR /usr/bin/kubectl-gpupin --help >"$work/plugin-help"
+grep -q '^   kubectl gpupin \[--kubeconfig FILE\]' "$work/plugin-help" || fail "kubectl-gpupin --help does not name kubectl gpupin"
 
 "$bin/gpupin-sandbox" --env-file "$work/env" 2>"$work/sandbox.log" &
 sandbox_pid=$!
@@ -69,8 +73,8 @@ echo "provisioned $ref: ready, cu129 (the installed probe programs ran)"
 
 echo "== dpkg -r gpupin"
 dpkg -r gpupin
-for f in /usr/bin/gpupin /usr/lib/gpupin /lib/systemd/system/gpupin-agent.service; do
-	[ ! -e "$f" ] || fail "$f is left after dpkg -r"
+for f in /usr/bin/gpupin /usr/bin/kubectl-gpupin /usr/lib/gpupin /lib/systemd/system/gpupin-agent.service; do
+	[ ! -e "$f" ] && [ ! -L "$f" ] || fail "$f is left after dpkg -r"
 done
 [ -f /etc/gpupin/agent.yaml ] || fail "dpkg -r removed the conffile (it keeps it until a purge)"
 
@@ -80,6 +84,6 @@ dpkg-query -W gpupin >/dev/null 2>&1 && fail "dpkg still knows gpupin after the 
 # Every path the package listed is gone, but the directories others share.
 while read -r p; do
 	case "$p" in /. | /etc | /lib | /lib/systemd | /lib/systemd/system | /usr | /usr/bin | /usr/lib) continue ;; esac
-	[ ! -e "$p" ] || fail "$p is left after dpkg -P"
+	[ ! -e "$p" ] && [ ! -L "$p" ] || fail "$p is left after dpkg -P"
 done <"$work/listed"
 echo "dist-test: installed, detected, provisioned and purged cleanly"

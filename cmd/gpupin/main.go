@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -36,9 +37,13 @@ func register(c func() *cli.Command) { commands = append(commands, c) }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	msg, code := execute(ctx, newApp(), os.Args)
+	app, args := newApp(), os.Args
+	if len(args) > 0 && filepath.Base(args[0]) == pluginName {
+		app, args = asPlugin(app), pluginArgs(app, args)
+	}
+	msg, code := execute(ctx, app, args)
 	if msg != "" {
-		fmt.Fprintln(os.Stderr, "gpupin:", msg)
+		fmt.Fprintf(os.Stderr, "%s: %s\n", app.Name, msg)
 	}
 	stop()
 	os.Exit(code)

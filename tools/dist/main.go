@@ -7,6 +7,7 @@
 // What it installs, and where gpupin looks for it:
 //
 //	/usr/bin/gpupin
+//	/usr/bin/kubectl-gpupin -> gpupin                     (kubectl gpupin: the fleet's table)
 //	/usr/lib/gpupin/gpupin-cuda-probe, gpupin-sim-probe   (probe.Build's /usr/lib/gpupin)
 //	/lib/systemd/system/gpupin-agent.service               (not enabled, not started)
 //	/etc/gpupin/agent.yaml                                  (a conffile, all comments)
@@ -36,6 +37,7 @@ type entry struct {
 	mode     os.FileMode
 	conf     bool   // a conffile: kept on upgrade and on dpkg -r
 	content  []byte // instead of src
+	link     string // a symbolic link to this target instead of a file
 }
 
 func main() {
@@ -86,13 +88,16 @@ func layout(root, bin string) ([]entry, error) {
 	unit = []byte(strings.ReplaceAll(string(unit), "/usr/local/bin/gpupin", "/usr/bin/gpupin"))
 	es := []entry{
 		{src: filepath.Join(bin, "gpupin"), dst: "/usr/bin/gpupin", mode: 0o755},
+		// kubectl runs kubectl-gpupin on PATH for `kubectl gpupin`; gpupin
+		// run under that name acts as `gpupin fleet` (docs/fleet.md).
+		{dst: "/usr/bin/kubectl-gpupin", mode: 0o777, link: "gpupin"},
 		{src: filepath.Join(bin, "gpupin-cuda-probe"), dst: "/usr/lib/gpupin/gpupin-cuda-probe", mode: 0o755},
 		{src: filepath.Join(bin, "gpupin-sim-probe"), dst: "/usr/lib/gpupin/gpupin-sim-probe", mode: 0o755},
 		{dst: "/lib/systemd/system/gpupin-agent.service", mode: 0o644, content: unit},
 		{src: filepath.Join(root, "deploy/systemd/agent.yaml"), dst: "/etc/gpupin/agent.yaml", mode: 0o644, conf: true},
 	}
 	for i, e := range es {
-		if e.content != nil {
+		if e.content != nil || e.link != "" {
 			continue
 		}
 		data, err := os.ReadFile(e.src)
@@ -128,6 +133,12 @@ func writeTarball(path string, es []entry) error {
 				return err
 			}
 		}
+		if e.link != "" {
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: e.link, Mode: int64(e.mode), ModTime: mtime}); err != nil {
+				return err
+			}
+			continue
+		}
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: int64(e.mode), Size: int64(len(e.content)), ModTime: mtime}); err != nil {
 			return err
 		}
@@ -152,6 +163,11 @@ func writeDeb(path string, es []entry, version, arch string) error {
 	defer os.RemoveAll(tmp)
 	var contents files.Contents
 	for i, e := range es {
+		if e.link != "" {
+			// nfpm's symlink: Source is the target, Destination the link.
+			contents = append(contents, &files.Content{Type: files.TypeSymlink, Source: e.link, Destination: e.dst})
+			continue
+		}
 		// nfpm packages files from disk.
 		src := filepath.Join(tmp, fmt.Sprint(i))
 		if err := os.WriteFile(src, e.content, e.mode); err != nil {
