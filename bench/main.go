@@ -64,6 +64,9 @@ type config struct {
 	// probeTime is how long the failing first candidate's probe takes in
 	// the fallback rows (a torch probe imports torch before it can fail).
 	probeTime time.Duration
+	// levers, when set, are the lever rows measured: each a part of a
+	// row's name (the first row, the others' reference, always runs).
+	levers []string
 }
 
 var allSections = []string{"random", "real", "levers", "floor", "fallback", "warm", "plan", "probe"}
@@ -78,7 +81,7 @@ func main() {
 		}
 	}
 	var cfg config
-	var sizes, ctds, regs, sections string
+	var sizes, ctds, regs, sections, levers string
 	flag.StringVar(&cfg.gpupin, "gpupin", "bin/gpupin", "gpupin binary")
 	flag.StringVar(&cfg.crane, "crane", "crane", "crane binary")
 	flag.StringVar(&cfg.cache, "cache", "/var/tmp/gpupin-bench", "where generated layers are kept between runs (registry blob dir)")
@@ -89,6 +92,7 @@ func main() {
 	flag.StringVar(&regs, "registries", "inproc,distribution", "registries serving the real-files image: inproc, distribution (Debian's docker-registry)")
 	flag.StringVar(&sections, "sections", strings.Join(allSections, ","), "what to measure: "+strings.Join(allSections, ", "))
 	flag.DurationVar(&cfg.probeTime, "probe-time", 8*time.Second, "how long the failing first candidate's probe runs in the fallback rows")
+	flag.StringVar(&levers, "levers", "", "comma-separated parts of the lever rows' names to measure (default: every row)")
 	flag.IntVar(&warmMiB, "warm-mib", 4096, "before each timed run, write and free this much of tmpfs (0: don't); see settle")
 	flag.Parse()
 	for _, s := range strings.Split(sizes, ",") {
@@ -100,6 +104,9 @@ func main() {
 		cfg.sizes = append(cfg.sizes, mib<<20)
 	}
 	cfg.containerds = strings.Split(ctds, ",")
+	if levers != "" {
+		cfg.levers = strings.Split(levers, ",")
+	}
 	cfg.registries = strings.Split(regs, ",")
 	for _, r := range cfg.registries {
 		if r != "inproc" && r != "distribution" {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -336,7 +337,6 @@ func fileSize(p string) int64 {
 type lever struct {
 	name, what string
 	env        []string
-	rebaseOnly bool   // only differs from another row where the snapshotter can rebase (containerd ≥ 2.2)
 	zstd       bool   // of the zstd image (else gzip)
 	vs         string // the lever it is compared with ("": the first)
 }
@@ -348,31 +348,29 @@ var leverRows = []lever{
 		env: []string{runtime.EnvUnpack + "=containerd"}},
 	{name: "gpupin pipeline, daemon applies", what: "every layer fetched at once; the daemon's diff service applies each once it is in",
 		env: []string{runtime.EnvUnpack + "=daemon"}},
-	{name: "gpupin pipeline, streamed, one layer at a time", what: "extracted here while downloading; serial, as on containerd 1.6",
+	{name: "gpupin pipeline, streamed, one layer at a time", what: "extracted here while downloading; serial, as on containerd below 2.2 before its layers were moved onto their parents",
 		env: []string{runtime.EnvUnpack + "=serial"}},
-	{name: leverDefault, what: "extracted here while downloading, layers at once where the snapshotter can rebase; gzip through igzip; a layer extracted so is not stored"},
+	{name: leverDefault, what: "extracted here while downloading, layers at once (committed onto the parent by rebase from containerd 2.2, moved onto it below); gzip through igzip; a layer extracted so is not stored"},
 	{name: "  the default, keeping layer blobs", what: "GPUPIN_KEEP_LAYERS=1: every blob written to the content store too, as gpupin did before",
-		env: []string{"GPUPIN_KEEP_LAYERS=1"}, rebaseOnly: true, vs: leverDefault},
+		env: []string{"GPUPIN_KEEP_LAYERS=1"}, vs: leverDefault},
 	{name: "  the default with unpigz instead of igzip", what: "CONTAINERD_DISABLE_IGZIP=1",
 		env: []string{"CONTAINERD_DISABLE_IGZIP=1"}},
 	{name: "  the default with Go's gzip", what: "CONTAINERD_DISABLE_IGZIP=1 CONTAINERD_DISABLE_PIGZ=1",
 		env: []string{"CONTAINERD_DISABLE_IGZIP=1", "CONTAINERD_DISABLE_PIGZ=1"}},
 	{name: "the default, zstd image", what: "the same image re-encoded by gpupin publish --compression zstd", zstd: true, vs: leverDefault},
 	{name: "  the default, zstd image, keeping layer blobs", what: "GPUPIN_KEEP_LAYERS=1",
-		env: []string{"GPUPIN_KEEP_LAYERS=1"}, rebaseOnly: true, zstd: true, vs: "the default, zstd image"},
+		env: []string{"GPUPIN_KEEP_LAYERS=1"}, zstd: true, vs: "the default, zstd image"},
 }
 
 // levers measures the real-files gzip image on the in-process registry
 // with each lever, interleaved, against ctr measured in realRows.
 func (e *env) levers(ctx context.Context) ([]row, error) {
 	imgs := e.real.byReg["inproc"]
-	rebase := e.ctd.Major >= 2
-	var active []lever
-	for _, l := range leverRows {
-		if l.rebaseOnly && !rebase {
-			continue
+	active := leverRows[:1]
+	for _, l := range leverRows[1:] {
+		if len(e.cfg.levers) == 0 || slices.ContainsFunc(e.cfg.levers, func(part string) bool { return strings.Contains(l.name, part) }) {
+			active = append(active, l)
 		}
-		active = append(active, l)
 	}
 	runs := make([][]result, len(active))
 	for i := 0; i < e.cfg.runs; i++ {

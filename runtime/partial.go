@@ -116,8 +116,9 @@ type LayerStorage struct {
 	// Forced: WithKeepLayers (--keep-layers) stores every layer.
 	Forced bool `json:"forced"`
 	// Streamed: on this daemon and snapshotter gpupin extracts layers
-	// itself, in parallel, so a layer can go unstored (containerd ≥ 2.2
-	// with overlayfs, as root); otherwise every layer is stored anyway.
+	// itself, in parallel, so a layer can go unstored (overlayfs, as root,
+	// with the host's snapshot directories); otherwise every layer is
+	// stored anyway.
 	Streamed bool `json:"streamed"`
 	// Unpack is the unpack strategy pulls use here.
 	Unpack string `json:"unpack"`
