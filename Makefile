@@ -49,14 +49,19 @@ image:
 # gpupin looks), the agent's systemd unit (not enabled) and a commented
 # /etc/gpupin/agent.yaml (a conffile). test-dist installs the .deb with
 # dpkg, detects and provisions from the installed paths, and purges it.
+# $(DIST)/charts is a Helm chart repository (the chart's archive and
+# index.yaml, through tools/helm) to serve at $(CHART_URL) as it is.
 DIST         ?= dist
+CHART_URL    ?= https://gpupin.github.io/gpupin/charts
 DIST_VERSION ?= 0.1.0
 DIST_ARCH    ?= $(shell $(GO) env GOARCH)
 dist: build
 	cd tools/dist && $(GO) run . -root $(CURDIR) -bin $(abspath $(BIN)) -out $(abspath $(DIST)) -version $(DIST_VERSION) -arch $(DIST_ARCH)
+	cd tools/helm && $(GO) run ./cmd/gpupin-chart -chart $(CURDIR)/deploy/helm/gpupin -out $(abspath $(DIST))/charts -version $(DIST_VERSION) -url $(CHART_URL)
 
 test-dist: require-root dist
 	BIN=$(BIN) DEB=$(DIST)/gpupin_$(DIST_VERSION)_$(DIST_ARCH).deb ./scripts/dist-test.sh
+	test -s $(DIST)/charts/gpupin-$(DIST_VERSION).tgz && grep -q "gpupin-$(DIST_VERSION).tgz" $(DIST)/charts/index.yaml
 
 # What a fresh Debian machine lacks. deps-demo: only what the demo runs on
 # (containerd, runc, busybox-static, gcc). deps: that and what the tests

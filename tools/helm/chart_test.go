@@ -44,6 +44,12 @@ func loadChart(t *testing.T) *chart.Chart {
 // it, schema validation included.
 func render(t *testing.T, ns, values string) (*release.Release, error) {
 	t.Helper()
+	return renderChart(t, loadChart(t), ns, values)
+}
+
+// renderChart is render of ch.
+func renderChart(t *testing.T, ch *chart.Chart, ns, values string) (*release.Release, error) {
+	t.Helper()
 	vals := map[string]any{}
 	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
 		t.Fatal(err)
@@ -60,7 +66,7 @@ func render(t *testing.T, ns, values string) (*release.Release, error) {
 		t.Fatal(err)
 	}
 	in.KubeVersion = kv
-	r, err := in.Run(loadChart(t), vals)
+	r, err := in.Run(ch, vals)
 	if err != nil {
 		return nil, err
 	}
