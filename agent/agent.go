@@ -422,31 +422,29 @@ type OverrideSet struct {
 // taken, wanted or not: an operator must be able to say none for an engine
 // whose image cannot be read yet, before it has a name.
 func (a *Agent) SetOverride(engine, value string) (OverrideSet, error) {
-	if err := images.CheckEngine(engine); err != nil {
-		return OverrideSet{}, &InputError{err}
-	}
-	o, err := images.ParseOverride(value)
-	if err != nil {
-		return OverrideSet{}, &InputError{err}
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	var o images.Override
+	var err error
 	if a.opts.OverridesPath != "" {
-		var inputErr error
-		of, err := images.UpdateOverrides(a.opts.OverridesPath, func(of *images.OverrideFile) error {
-			_, inputErr = of.Set(engine, o.String())
-			return inputErr
-		})
-		if inputErr != nil {
-			return OverrideSet{}, &InputError{inputErr}
+		var of *images.OverrideFile
+		if o, of, err = images.SetOverride(a.opts.OverridesPath, engine, value); err == nil {
+			a.fileOv = of.Overrides
 		}
-		if err != nil {
-			return OverrideSet{}, fmt.Errorf("save override: %w", err)
-		}
-		a.fileOv = of.Overrides
 	} else {
-		a.fileOv = maps.Clone(a.fileOv)
-		a.fileOv[engine] = o.String()
+		var parsed map[string]images.Override
+		if parsed, err = images.ParseOverrides(map[string]string{engine: value}); err == nil {
+			o = parsed[engine]
+			a.fileOv = maps.Clone(a.fileOv)
+			a.fileOv[engine] = o.String()
+		}
+	}
+	var refused *images.Refusal
+	switch {
+	case errors.As(err, &refused):
+		return OverrideSet{}, &InputError{err}
+	case err != nil:
+		return OverrideSet{}, fmt.Errorf("save override: %w", err)
 	}
 	if err := a.apply(); err != nil {
 		return OverrideSet{}, err
@@ -460,13 +458,8 @@ func (a *Agent) SetOverride(engine, value string) (OverrideSet, error) {
 // they win over the config's and the overrides file's, and an engine they
 // no longer name falls back to those. A bad value changes nothing.
 func (a *Agent) SetClusterOverrides(m map[string]string) error {
-	for engine, v := range m {
-		if err := images.CheckEngine(engine); err != nil {
-			return &InputError{err}
-		}
-		if _, err := images.ParseOverride(v); err != nil {
-			return &InputError{fmt.Errorf("engine %s: %w", engine, err)}
-		}
+	if _, err := images.ParseOverrides(m); err != nil {
+		return &InputError{err}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()

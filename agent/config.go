@@ -60,13 +60,8 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err := CheckWants(cfg.Wants); err != nil {
 		return nil, err
 	}
-	for engine, v := range cfg.Overrides {
-		if err := images.CheckEngine(engine); err != nil {
-			return nil, fmt.Errorf("overrides: %w", err)
-		}
-		if _, err := images.ParseOverride(v); err != nil {
-			return nil, fmt.Errorf("overrides: engine %s: %w", engine, err)
-		}
+	if _, err := images.ParseOverrides(cfg.Overrides); err != nil {
+		return nil, fmt.Errorf("overrides: %w", err)
 	}
 	return &cfg, nil
 }

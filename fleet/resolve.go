@@ -96,11 +96,8 @@ func Resolve(ovs []EngineOverride, nodeName string, nodeLabels map[string]string
 		switch {
 		case !ok || lvl > cur.Level:
 			r := Resolution{Engine: o.Spec.Engine, Choice: o.Spec.Choice, Name: o.Name, Level: lvl}
-			if err := images.CheckEngine(o.Spec.Engine); err != nil {
-				r.Err = err
-			} else if _, err := images.ParseOverride(o.Spec.Choice); err != nil {
-				r.Err = err
-			}
+			// Checked as every override is (the file's, the API's).
+			_, r.Err = images.ParseOverrides(map[string]string{o.Spec.Engine: o.Spec.Choice})
 			out[o.Spec.Engine] = r
 		case lvl == cur.Level:
 			cur.Shadowed = append(cur.Shadowed, o.Name)

@@ -70,14 +70,12 @@ func LoadOverrides(path string) (*OverrideFile, error) {
 	if err := CheckOverrideBooleans(data); err != nil {
 		return nil, fmt.Errorf("overrides %s: %w", path, err)
 	}
-	for engine, value := range doc.Overrides {
-		if err := CheckEngine(engine); err != nil {
-			return nil, fmt.Errorf("overrides %s: %w", path, err)
-		}
-		if _, err := ParseOverride(value); err != nil {
-			return nil, fmt.Errorf("overrides %s: engine %s: %w", path, engine, err)
-		}
-		of.Overrides[engine] = strings.TrimSpace(value)
+	parsed, err := ParseOverrides(doc.Overrides)
+	if err != nil {
+		return nil, fmt.Errorf("overrides %s: %w", path, err)
+	}
+	for engine := range parsed {
+		of.Overrides[engine] = strings.TrimSpace(doc.Overrides[engine])
 	}
 	return of, nil
 }
@@ -109,13 +107,11 @@ func (of *OverrideFile) Engines() []string {
 
 // Set validates and records an override in memory; Save writes it.
 func (of *OverrideFile) Set(engine, value string) (Override, error) {
-	if err := CheckEngine(engine); err != nil {
-		return Override{}, err
-	}
-	o, err := ParseOverride(value)
+	parsed, err := ParseOverrides(map[string]string{engine: value})
 	if err != nil {
 		return Override{}, err
 	}
+	o := parsed[engine]
 	if of.Overrides == nil {
 		of.Overrides = map[string]string{}
 	}

@@ -46,7 +46,7 @@ type config struct {
 
 func defaults() config {
 	return config{
-		Overrides:    OverrideFile(images.DefaultOverridesPath),
+		Overrides:    OverridesFromFile(images.DefaultOverridesPath),
 		LockDir:      DefaultLockDir,
 		Timeout:      DefaultTimeout,
 		ProbeTimeout: DefaultProbeTimeout,

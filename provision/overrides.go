@@ -1,7 +1,6 @@
 package provision
 
 import (
-	"fmt"
 	"maps"
 	"sync"
 
@@ -14,10 +13,10 @@ type OverrideSource interface {
 	Override(engine string) (images.Override, bool, error)
 }
 
-// OverrideFile reads the overrides file at path on every call, so an edit
-// counts at the next provision. A missing file is no overrides; a
-// malformed one is an error, never a silent auto.
-func OverrideFile(path string) OverrideSource { return overrideFile(path) }
+// OverridesFromFile reads the overrides file (images.OverrideFile) at path
+// on every call, so an edit counts at the next provision. A missing file
+// is no overrides; a malformed one is an error, never a silent auto.
+func OverridesFromFile(path string) OverrideSource { return overrideFile(path) }
 
 type overrideFile string
 
@@ -50,16 +49,9 @@ func (o *Overrides) Override(engine string) (images.Override, bool, error) {
 
 // Replace sets every override at once; on an error nothing changes.
 func (o *Overrides) Replace(m map[string]string) error {
-	norm := make(map[string]images.Override, len(m))
-	for engine, v := range m {
-		if err := images.CheckEngine(engine); err != nil {
-			return err
-		}
-		ov, err := images.ParseOverride(v)
-		if err != nil {
-			return fmt.Errorf("engine %s: %w", engine, err)
-		}
-		norm[engine] = ov
+	norm, err := images.ParseOverrides(m)
+	if err != nil {
+		return err
 	}
 	o.mu.Lock()
 	o.m = norm

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/urfave/cli/v2"
@@ -68,13 +69,11 @@ func runOverrideSet(c *cli.Context) error {
 		return usageError("usage: gpupin override set ENGINE VALUE [--ref REF]; %s", images.OverrideForms)
 	}
 	engine, value := args[0], args[1]
-	ov, err := images.ParseOverride(value)
-	if err == nil {
-		err = images.CheckEngine(engine)
-	}
+	parsed, err := images.ParseOverrides(map[string]string{engine: value})
 	if err != nil {
 		return usageError("%v", err)
 	}
+	ov := parsed[engine]
 	// The registry is asked before the file is locked: a slow registry
 	// must not hold up the agent's writes.
 	if ref := c.String("ref"); ref != "" {
@@ -88,14 +87,11 @@ func runOverrideSet(c *cli.Context) error {
 			return err
 		}
 	}
-	var setErr error
-	of, err := images.UpdateOverrides(lineageString(c, "overrides"), func(of *images.OverrideFile) error {
-		ov, setErr = of.Set(engine, value)
-		return setErr
-	})
+	ov, of, err := images.SetOverride(lineageString(c, "overrides"), engine, value)
+	var refused *images.Refusal
 	switch {
-	case setErr != nil:
-		return usageError("%v", setErr)
+	case errors.As(err, &refused):
+		return usageError("%v", err)
 	case err != nil:
 		return err
 	case jsonOut(c):

@@ -28,7 +28,7 @@ func readClusterOverrides(c *cli.Context, nodeName string) (*clusterOverrides, e
 	if err != nil {
 		return nil, err
 	}
-	return &clusterOverrides{res: res, local: provision.OverrideFile(lineageString(c, "overrides"))}, nil
+	return &clusterOverrides{res: res, local: provision.OverridesFromFile(lineageString(c, "overrides"))}, nil
 }
 
 // Override implements provision.OverrideSource. A choice the node would

@@ -100,7 +100,7 @@ func openSession(c *cli.Context, use containerdUse) (*session, error) {
 	s.opts = []provision.Option{
 		provision.WithNode(s.nodes),
 		provision.WithResolver(&images.Resolver{Remote: policy}),
-		provision.WithOverrides(provision.OverrideFile(lineageString(c, "overrides"))),
+		provision.WithOverrides(provision.OverridesFromFile(lineageString(c, "overrides"))),
 	}
 	flagged, err := provisionOptions(c)
 	if err != nil {
