@@ -366,7 +366,7 @@ var leverRows = []lever{
 // with each lever, interleaved, against ctr measured in realRows.
 func (e *env) levers(ctx context.Context) ([]row, error) {
 	imgs := e.real.byReg["inproc"]
-	active := leverRows[:1]
+	active := []lever{leverRows[0]}
 	for _, l := range leverRows[1:] {
 		if len(e.cfg.levers) == 0 || slices.ContainsFunc(e.cfg.levers, func(part string) bool { return strings.Contains(l.name, part) }) {
 			active = append(active, l)

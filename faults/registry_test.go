@@ -21,7 +21,7 @@ import (
 // The registry dies in the middle of a layer: the provision fails with the
 // reason, the pin proved earlier stays as it was, and the next attempt
 // completes without fetching again the layers that had arrived. Where
-// layers are stored (--keep-layers, or containerd 1.6) the half of the cut
+// layers are stored (--keep-layers) the half of the cut
 // layer that had arrived is not fetched again either; where a layer
 // extracted here is not stored, what stays is the snapshots committed
 // before the cut, and the cut layer comes again whole, into the store: a

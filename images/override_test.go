@@ -1,6 +1,7 @@
 package images
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -256,5 +257,49 @@ func TestOverrideYAMLBooleansRefused(t *testing.T) {
 		if _, err := ParseOverride(s); err != nil {
 			t.Errorf("ParseOverride(%q): %v", s, err)
 		}
+	}
+}
+
+// SetOverride refuses bad input as a *Refusal (the CLI's usage error, the
+// API's 400) and leaves the file as it was; a file that is bad on disk is
+// the file's fault, an error of another kind, whatever the input.
+func TestSetOverrideRefusals(t *testing.T) {
+	cases := []struct {
+		name, file, engine, value string
+		refused, fails            bool
+	}{
+		{name: "set", engine: "vllm", value: "cu129"},
+		{name: "bad engine", engine: "VLLM", value: "cu129", refused: true},
+		{name: "bad value", engine: "vllm", value: "off", refused: true},
+		{name: "bad file", file: "overrides:\n  Bad_Engine: cu129\n", engine: "vllm", value: "cu129", fails: true},
+		{name: "bad value in file", file: "overrides:\n  sglang: \"-x\"\n", engine: "vllm", value: "cu129", fails: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "overrides.yaml")
+			if tc.file != "" {
+				if err := os.WriteFile(path, []byte(tc.file), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			o, of, err := SetOverride(path, tc.engine, tc.value)
+			var refused *Refusal
+			if got := errors.As(err, &refused); got != tc.refused {
+				t.Errorf("refusal = %v (%v), want %v", got, err, tc.refused)
+			}
+			if (err != nil) != (tc.refused || tc.fails) {
+				t.Fatalf("err = %v", err)
+			}
+			after, _ := os.ReadFile(path)
+			if err != nil {
+				if string(after) != tc.file {
+					t.Errorf("the file changed on an error: %q", after)
+				}
+				return
+			}
+			if o.String() != tc.value || of.Overrides[tc.engine] != tc.value {
+				t.Errorf("set %s = %v (file %v)", tc.engine, o, of.Overrides)
+			}
+		})
 	}
 }

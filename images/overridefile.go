@@ -71,8 +71,9 @@ func LoadOverrides(path string) (*OverrideFile, error) {
 		return nil, fmt.Errorf("overrides %s: %w", path, err)
 	}
 	parsed, err := ParseOverrides(doc.Overrides)
-	if err != nil {
-		return nil, fmt.Errorf("overrides %s: %w", path, err)
+	if refused := (*Refusal)(nil); errors.As(err, &refused) {
+		// A bad file is the file's fault, not the caller's input.
+		return nil, fmt.Errorf("overrides %s: %w", path, refused.Err)
 	}
 	for engine := range parsed {
 		of.Overrides[engine] = strings.TrimSpace(doc.Overrides[engine])

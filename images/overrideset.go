@@ -43,11 +43,8 @@ func SetOverride(path, engine, value string) (Override, *OverrideFile, error) {
 	}
 	o := parsed[engine]
 	of, err := UpdateOverrides(path, func(of *OverrideFile) error {
-		if of.Overrides == nil {
-			of.Overrides = map[string]string{}
-		}
-		of.Overrides[engine] = o.String()
-		return nil
+		_, err := of.Set(engine, o.String())
+		return err
 	})
 	if err != nil {
 		return Override{}, nil, err

@@ -29,8 +29,8 @@ import (
 // stored cannot resume.
 //
 // Only where layers are extracted in parallel (unpackParallel): there a
-// stream is read from its first byte. One after another (containerd 1.6),
-// a layer downloaded ahead of its turn may outrun what its stream can
+// stream is read from its first byte. One after another (GPUPIN_UNPACK=
+// serial, or not root), a layer downloaded ahead of its turn may outrun what its stream can
 // hold, and it needs the store to land in.
 //
 // Where the layer cannot be extracted here after all (its stream dropped),

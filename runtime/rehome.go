@@ -37,6 +37,9 @@ func (u *unpacker) rehome(ctx context.Context, sn snapshots.Snapshotter, l *laye
 	staging, stagingKey := l.mounts, l.key
 	l.key = ""
 	defer func() {
+		if stagingKey == "" {
+			return
+		}
 		if err := sn.Remove(context.WithoutCancel(ctx), stagingKey); err != nil {
 			// Empty now, or half of a failed pull: the pull's lease
 			// holds it until the collector takes it.
@@ -49,6 +52,12 @@ func (u *unpacker) rehome(ctx context.Context, sn snapshots.Snapshotter, l *laye
 	if l.exists {
 		return nil // committed meanwhile by another pull
 	}
+	if l.onParent {
+		if err := l.waitFetched(ctx); err != nil {
+			return err
+		}
+		return u.daemonApply(ctx, l, l.mounts)
+	}
 	err := moveUpper(staging, l.mounts)
 	if err == nil {
 		moves.Add(1)
@@ -59,6 +68,7 @@ func (u *unpacker) rehome(ctx context.Context, sn snapshots.Snapshotter, l *laye
 	tracef("layer %d: not moved onto its parent (%v); the daemon applies it", l.i, err)
 	slog.WarnContext(ctx, "move an extracted layer onto its parent; the daemon applies it", "layer", l.desc.Digest, "err", err)
 	fallbacks.Add(1)
+	u.stored.Store(true) // the next moves would fail too: their blobs are stored
 	return u.daemonApply(ctx, l, l.mounts)
 }
 
@@ -87,7 +97,7 @@ func moveUpper(from, to []mount.Mount) error {
 	if err := lchown(src, int(st.Uid), int(st.Gid)); err != nil {
 		return fmt.Errorf("move onto the parent: %w", err)
 	}
-	if err := os.Chmod(src, fi.Mode().Perm()); err != nil {
+	if err := unix.Chmod(src, st.Mode&0o7777); err != nil {
 		return fmt.Errorf("move onto the parent: %w", err)
 	}
 	// rename(2) replaces an empty directory with a directory atomically

@@ -49,15 +49,17 @@ import (
 // missing (gpupin in a container without the host's /var/lib/containerd,
 // another snapshotter, an encrypted layer) a layer is applied by the
 // daemon's diff service from the content store instead, as containerd
-// would. Layers are extracted in parallel, each into a snapshot without
-// its parent, and committed in order: with containerd ≥ 2.2, whose
-// overlayfs snapshotter can rebase a snapshot onto its parent at commit
-// ("rebase" capability), by that commit; below it, by moving the layer's
-// directory into a snapshot prepared on its parent (rehome.go).
+// would. As root on overlayfs, layers are extracted in parallel, each into
+// a snapshot without its parent, and committed in order: with containerd
+// ≥ 2.2, whose overlayfs snapshotter can rebase a snapshot onto its parent
+// at commit ("rebase" capability), by that commit; below it, by moving
+// the layer's directory into a snapshot prepared on its parent
+// (rehome.go). Otherwise (not root, "serial", "daemon" below 2.2) one
+// after another.
 //
 // EnvUnpack selects a strategy, for benchmarks and for diagnosing a node:
 //
-//	""                     gpupin's pipeline, parallel (the default)
+//	""                     gpupin's pipeline, parallel where it can be (the default)
 //	"serial"               gpupin's pipeline, one layer at a time
 //	"daemon"               gpupin's pipeline, every layer applied by the daemon's diff service
 //	"containerd"           containerd's unpacker, one layer at a time
@@ -262,6 +264,9 @@ type layer struct {
 	// implicit: the parent directories its parallel extraction made
 	// without its parent underneath (parents.go).
 	implicit *implicitDirs
+	// onParent: not extracted ahead (rehome without a view of its
+	// snapshot); the daemon applies it onto its parent at its turn.
+	onParent bool
 }
 
 func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs []ocispec.Descriptor) (retErr error) {
@@ -403,6 +408,25 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 			// download writes to.
 			l.direct = ok && streamable(l.desc.MediaType) && !u.keep && !u.stored.Load()
 		}
+		if u.strategy.rehome && l.i > 0 {
+			if _, _, ok := localTarget(l.mounts, true); !ok {
+				// Out of this process's reach (no host view of the
+				// snapshots): nothing could move it, so it is fetched
+				// into the store and applied once, onto its parent, at
+				// its turn (rehome).
+				l.onParent = true
+				if l.stream != nil {
+					l.stream.detach()
+					l.stream = nil
+				}
+				l.zstd.release()
+				l.direct = false
+				startFetch(l)
+				exSem.Release(1)
+				close(l.ready)
+				continue
+			}
+		}
 		startFetch(l)
 		wg.Add(1)
 		go func() {
@@ -439,7 +463,7 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 			}
 			tracef("layer %d: %d directories it does not name given their parents' attributes in %s", l.i, len(l.implicit.dirs), time.Since(start))
 		}
-		if u.strategy.rehome && l.parent != "" {
+		if u.strategy.rehome && l.parent != "" && !l.exists {
 			if err := u.rehome(ctx, sn, l); err != nil {
 				return err
 			}
@@ -591,8 +615,8 @@ func checkLayerDesc(desc ocispec.Descriptor) error {
 // extract writes l's files into its active snapshot: from its stream where
 // it has one and this process can reach the snapshot, else by the daemon's
 // diff service once the blob is in the content store. parallelChild says
-// the snapshot has no parent yet though the layer has one (rebased at
-// commit): its whiteouts must become overlay whiteouts. release gives up
+// the snapshot has no parent yet though the layer has one (rebased or
+// moved onto it at commit): its whiteouts must become overlay whiteouts. release gives up
 // the caller's extraction slot, before a wait for the parent's commit.
 func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool, release func()) error {
 	if l.stream != nil {

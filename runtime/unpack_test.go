@@ -479,3 +479,48 @@ func TestLayersExtractedHereAreNotStored(t *testing.T) {
 		})
 	}
 }
+
+// A pull onto layers the node has already (another image's, sharing its
+// base) extracts only the new ones. Below containerd 2.2 each new layer is
+// moved onto its parent, and only those: a layer found in place is not
+// touched (no snapshot to move, no daemon apply).
+func TestPullOntoLayersAlreadyThere(t *testing.T) {
+	testenv.RequireRoot(t) // extraction here needs root
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	salt := t.Name() + time.Now().String()
+	a := tarLayer(t, compression.GZip, entry{name: "a", body: salt + " a\n"})
+	b := tarLayer(t, compression.GZip, entry{name: "b", body: salt + " b\n"})
+	c := tarLayer(t, compression.GZip, entry{name: "c", body: salt + " c\n"})
+	first := pushImage(t, reg, "shared:first", sandbox.ImageSpec{Layers: []v1.Layer{a}})
+	second := pushImage(t, reg, "shared:second", sandbox.ImageSpec{Layers: []v1.Layer{a, b, c}})
+	rt := testenv.Runtime(t)
+	ls, err := rt.LayerStorage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Pull(ctx, first, runtime.PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	moved, fell := runtime.Moves(), runtime.Fallbacks()
+	if _, err := rt.Pull(ctx, second, runtime.PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want := int64(0)
+	if strings.Contains(ls.Unpack, "moved onto the parent") {
+		want = 2 // b and c; a (and the base) were there
+	}
+	if got := runtime.Moves() - moved; got != want {
+		t.Errorf("%s: %d layers moved onto their parents, want %d", ls.Unpack, got, want)
+	}
+	if n := runtime.Fallbacks() - fell; n != 0 {
+		t.Errorf("%d layers left to the daemon", n)
+	}
+	res, err := rt.Run(ctx, runtime.RunSpec{Image: second, Args: []string{"/bin/sh", "-c", "cat /a /b /c"}, Role: "probe", Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, res.Output)
+	}
+	if want := salt + " a\n" + salt + " b\n" + salt + " c\n"; string(res.Output) != want {
+		t.Errorf("root filesystem: %q, want %q", res.Output, want)
+	}
+}

@@ -49,6 +49,9 @@ done
 # igzip (Debian's isal): gzip layers decompress 2.5x faster than with unpigz,
 # in gpupin's pulls and containerd 2.x's.
 [ "$mode" = test ] && { command -v igzip >/dev/null || missing+=(isal); }
+# kubectl, to run gpupin as its plugin (kubectl gpupin): any release runs
+# plugins, so Debian's kubernetes-client does.
+[ "$mode" = test ] && { command -v kubectl >/dev/null || missing+=(kubernetes-client); }
 # The test images need busybox without a libc: Debian's busybox-static.
 if command -v dpkg-query >/dev/null; then
 	dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" || missing+=(busybox-static)
