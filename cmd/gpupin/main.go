@@ -42,7 +42,7 @@ func register(c func() *cli.Command) { commands = append(commands, c) }
 // and Go's default lets the heap reach twice the live heap before a
 // collection: on the bench's zstd image that was a 42 MiB heap and 105 MiB
 // peak RSS on containerd 1.6, where gpupin runs beside the node's
-// workloads. At 25 the heap stays within 1.25 times the live heap: 83 MiB
+// workloads. At 25 the heap stays within 1.25 times the live heap: 88 MiB
 // peak, at no time measurable beside the pull's (docs/benchmarks.md).
 const gcPercent = 25
 
