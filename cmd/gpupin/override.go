@@ -69,11 +69,15 @@ func runOverrideSet(c *cli.Context) error {
 		return usageError("usage: gpupin override set ENGINE VALUE [--ref REF]; %s", images.OverrideForms)
 	}
 	engine, value := args[0], args[1]
-	parsed, err := images.ParseOverrides(map[string]string{engine: value})
+	// Checked before the registry is asked (--ref); the engine is the
+	// caller's own argument, so the refusal need not name it.
+	ov, err := images.ParseOverride(value)
+	if err == nil {
+		err = images.CheckEngine(engine)
+	}
 	if err != nil {
 		return usageError("%v", err)
 	}
-	ov := parsed[engine]
 	// The registry is asked before the file is locked: a slow registry
 	// must not hold up the agent's writes.
 	if ref := c.String("ref"); ref != "" {
