@@ -65,24 +65,7 @@ func TestFleetAndPlanFromTheClusterSimulated(t *testing.T) {
 	}
 
 	// Three nodes' statuses, as their agents write them.
-	put := func(name string, st fleet.NodeStatus) {
-		t.Helper()
-		obj := &unstructured.Unstructured{}
-		obj.SetAPIVersion("gpupin.io/v1alpha1")
-		obj.SetKind("GPUPinNode")
-		obj.SetName(name)
-		got, err := dyn.Resource(fleet.GPUPinNodes).Create(ctx, obj, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := json.Marshal(fleet.GPUPinNode{Status: st})
-		var m map[string]any
-		json.Unmarshal(b, &m)
-		got.Object["status"] = m["status"]
-		if _, err := dyn.Resource(fleet.GPUPinNodes).UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(name string, st fleet.NodeStatus) { putStatus(t, dyn, name, st) }
 	now := metav1.Now()
 	probeFail := &fleet.Failure{Reason: "ProbeFailed", Message: "no GPUPIN-PROBE line", At: now}
 	put("h100-a", fleet.NodeStatus{Driver: "580.82.07", CUDA: "13.0", GPUs: []string{"NVIDIA H100"}, Simulated: true,
