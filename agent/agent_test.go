@@ -71,7 +71,7 @@ func newWorldWith(t *testing.T, config string, lo provision.LoopOptions) *world 
 	}
 	var loop *provision.Loop
 	w.metrics = agent.NewMetrics(func() []provision.Status { return loop.Status() }, nil)
-	p := provision.New(w.rt, provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}),
+	p := testenv.Provisioner(t, w.rt, provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}),
 		provision.WithOverrides(provision.NewOverrides()), provision.WithLockDir(t.TempDir()),
 		provision.WithProbeTimeout(30*time.Second), provision.WithProbeDir(t.TempDir()), provision.WithProgress(w.metrics.PullProgress))
 	lo.OnResult = w.metrics.ObserveResult

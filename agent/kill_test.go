@@ -136,7 +136,7 @@ func TestAgentSimulatedKilledMidPullRecovers(t *testing.T) {
 	if _, err := sandbox.PublishEngine(ctx, reg.Host, "demo", "1.0", []sandbox.EngineVariant{cu129}); err != nil {
 		t.Fatal(err)
 	}
-	p := provision.New(rt, provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}), provision.WithOverrides(provision.NoOverrides()),
+	p := testenv.Provisioner(t, rt, provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}), provision.WithOverrides(provision.NoOverrides()),
 		provision.WithLockDir(t.TempDir()), provision.WithProbeDir(t.TempDir()))
 	if st := p.Provision(ctx, provision.Want{Ref: ref}); st.State != provision.Ready {
 		t.Fatalf("first provision: %s", st)

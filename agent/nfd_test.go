@@ -241,7 +241,7 @@ func TestAgentSimulatedWritesNFDFeatureFile(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "features.d")
 	var a *agent.Agent
-	p := provision.New(rt, provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}),
+	p := testenv.Provisioner(t, rt, provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}),
 		provision.WithOverrides(provision.NewOverrides()), provision.WithLockDir(t.TempDir()),
 		provision.WithProbeTimeout(30*time.Second), provision.WithProbeDir(t.TempDir()))
 	loop := provision.NewLoop(p, provision.LoopOptions{OnChange: func(st provision.Status) { a.StatusChanged(st) }})

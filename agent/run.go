@@ -107,7 +107,11 @@ func Run(ctx context.Context, cfg RunConfig) error {
 			onChange(st)
 		}
 	}
-	loop = provision.NewLoop(provision.New(rt, popts...), lopts)
+	p, err := provision.New(rt, popts...)
+	if err != nil {
+		return &InputError{Err: err}
+	}
+	loop = provision.NewLoop(p, lopts)
 	a = New(loop, rt, cfg.Options)
 	a.metrics = metrics
 	defer rt.OnForeign(nil)

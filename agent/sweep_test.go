@@ -132,7 +132,7 @@ func TestAgentSimulatedPeriodicSweepStopsOrphanedProbe(t *testing.T) {
 			}()
 			waitUntil(t, 30*time.Second, "the probe runs", func() bool { return len(runningProbes(t, rt)) == 1 })
 
-			p := provision.New(rt, provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}), provision.WithOverrides(provision.NoOverrides()),
+			p := testenv.Provisioner(t, rt, provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}), provision.WithOverrides(provision.NoOverrides()),
 				provision.WithLockDir(t.TempDir()), provision.WithProbeDir(t.TempDir()))
 			loop := provision.NewLoop(p, provision.LoopOptions{})
 			a := agent.New(loop, rt, agent.Options{SweepEvery: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})

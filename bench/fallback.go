@@ -262,9 +262,13 @@ func runProvisionHelper(args []string) int {
 		return 1
 	}
 	defer rt.Close()
-	p := provision.New(rt, provision.WithNode(node.Static{Facts: facts}), provision.WithOverrides(provision.NoOverrides()),
+	p, err := provision.New(rt, provision.WithNode(node.Static{Facts: facts}), provision.WithOverrides(provision.NoOverrides()),
 		provision.WithLockDir(*lockDir), provision.WithProbeDir(*probeDir), provision.WithSimProbe(*simProbe),
 		provision.WithPrefetch(*prefetch))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	st := p.Provision(ctx, provision.Want{Ref: fs.Arg(0)})
 	fmt.Printf("%s %s %s\n", st.State, st.Variant, st.Detail)
 	if st.State != provision.Ready {

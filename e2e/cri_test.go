@@ -153,7 +153,7 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Driver 575 supports CUDA 12.9: cu13 is rejected, cu129 is proved.
-	p := provision.New(e.rt, provision.WithNode(testenv.NewNode(testenv.H100("575.57.08", "12.9"))),
+	p := testenv.Provisioner(t, e.rt, provision.WithNode(testenv.NewNode(testenv.H100("575.57.08", "12.9"))),
 		provision.WithOverrides(provision.NoOverrides()), provision.WithLockDir(filepath.Join(e.dir, "locks")),
 		provision.WithProbeTimeout(30*time.Second), provision.WithProbeDir(filepath.Join(e.dir, "probe")))
 	want := provision.Want{Engine: "demo", Version: "1.0", Ref: e.reg.Host + "/demo:1.0"}

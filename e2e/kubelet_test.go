@@ -70,7 +70,7 @@ func TestKubeletRunsTheProvedEngineSimulated(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Driver 575 supports CUDA 12.9: cu13 is rejected, cu129 is proved.
-	p := provision.New(e.rt, provision.WithNode(testenv.NewNode(testenv.H100("575.57.08", "12.9"))),
+	p := testenv.Provisioner(t, e.rt, provision.WithNode(testenv.NewNode(testenv.H100("575.57.08", "12.9"))),
 		provision.WithOverrides(provision.NoOverrides()), provision.WithLockDir(filepath.Join(e.dir, "locks")),
 		provision.WithProbeTimeout(30*time.Second), provision.WithProbeDir(filepath.Join(e.dir, "probe")))
 	st := p.Provision(ctx, provision.Want{Engine: engine, Version: version, Ref: e.reg.Host + "/" + engine + ":" + version})

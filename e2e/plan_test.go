@@ -28,7 +28,7 @@ func TestPlanSimulatedReadsPinsWithoutRestoring(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	p := provision.New(rt, provision.WithNode(testenv.NewNode(testenv.H100("575.57.08", "12.9"))),
+	p := testenv.Provisioner(t, rt, provision.WithNode(testenv.NewNode(testenv.H100("575.57.08", "12.9"))),
 		provision.WithOverrides(provision.NoOverrides()), provision.WithLockDir(filepath.Join(dir, "locks")),
 		provision.WithProbeTimeout(30*time.Second), provision.WithProbeDir(filepath.Join(dir, "probe")))
 	want := provision.Want{Engine: "demo", Version: "1.0", Ref: reg.Host + "/demo:1.0"}

@@ -40,7 +40,7 @@ func newProvisioner(t *testing.T, rt *runtime.Runtime, nodes node.Reader, timeou
 	if timeout == 0 {
 		timeout = 30 * time.Second
 	}
-	return provision.New(rt, provision.WithNode(nodes), provision.WithOverrides(provision.NoOverrides()),
+	return testenv.Provisioner(t, rt, provision.WithNode(nodes), provision.WithOverrides(provision.NoOverrides()),
 		provision.WithLockDir(t.TempDir()), provision.WithProbeTimeout(timeout), provision.WithProbeDir(t.TempDir()))
 }
 

@@ -153,7 +153,7 @@ func TestSimulatedConcurrentClaimsLeaveOnePin(t *testing.T) {
 	b := publishRepo(t, reg.Host+"/b/other", "demo", "1.0", cu129)
 	lockDir := t.TempDir()
 	mk := func() *provision.Provisioner {
-		return provision.New(rt, provision.WithNode(testenv.NewNode(h100("580.82.07"))), provision.WithOverrides(provision.NoOverrides()),
+		return testenv.Provisioner(t, rt, provision.WithNode(testenv.NewNode(h100("580.82.07"))), provision.WithOverrides(provision.NoOverrides()),
 			provision.WithLockDir(lockDir), provision.WithProbeDir(t.TempDir()))
 	}
 	for round := 0; round < 6; round++ {
@@ -228,7 +228,7 @@ func TestSimulatedPinRaceAcrossLockDirsIsAConflict(t *testing.T) {
 			a := publishAs(t, reg.Host, "a", "demo", "1.0", testenv.CU13, cu129)
 			b := publishAs(t, reg.Host, "b", "demo", "1.0", testenv.CU13, cu129)
 			mk := func(opts ...provision.Option) *provision.Provisioner {
-				return provision.New(rt, append([]provision.Option{provision.WithNode(testenv.NewNode(h100("580.82.07"))),
+				return testenv.Provisioner(t, rt, append([]provision.Option{provision.WithNode(testenv.NewNode(h100("580.82.07"))),
 					provision.WithOverrides(provision.NoOverrides()), provision.WithLockDir(t.TempDir()), provision.WithProbeDir(t.TempDir())}, opts...)...)
 			}
 			first := tc.first

@@ -56,7 +56,7 @@ func TestFaultLayerTrickledSimulated(t *testing.T) {
 	})
 	var mu sync.Mutex
 	var seen []string
-	p := provision.New(rt, provision.WithNode(testenv.NewNode(h100("580.82.07"))), provision.WithOverrides(provision.NoOverrides()),
+	p := testenv.Provisioner(t, rt, provision.WithNode(testenv.NewNode(h100("580.82.07"))), provision.WithOverrides(provision.NoOverrides()),
 		provision.WithLockDir(t.TempDir()), provision.WithProbeDir(t.TempDir()),
 		provision.WithOnState(func(st provision.Status) { mu.Lock(); seen = append(seen, st.Detail); mu.Unlock() }))
 	start := time.Now()
@@ -139,7 +139,7 @@ func TestFaultPullStatusFollowsThePolicysStallRuleSimulated(t *testing.T) {
 			rt := testenv.Runtime(t, runtime.WithRegistry(policy))
 			var mu sync.Mutex
 			var seen []string
-			p := provision.New(rt, provision.WithNode(testenv.NewNode(h100("580.82.07"))), provision.WithOverrides(provision.NoOverrides()),
+			p := testenv.Provisioner(t, rt, provision.WithNode(testenv.NewNode(h100("580.82.07"))), provision.WithOverrides(provision.NoOverrides()),
 				provision.WithLockDir(t.TempDir()), provision.WithProbeDir(t.TempDir()),
 				provision.WithOnState(func(st provision.Status) { mu.Lock(); seen = append(seen, st.Detail); mu.Unlock() }))
 			st := p.Provision(ctx, provision.Want{Ref: ref})

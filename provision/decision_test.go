@@ -101,7 +101,7 @@ func TestSimulatedPlanIsWhatProvisionTries(t *testing.T) {
 					for _, w := range wants {
 						name := fmt.Sprintf("%s/%s/%s%s", fname, nname, strings.TrimPrefix(w.Ref, reg.Host+"/"), w.Override)
 						t.Run(name, func(t *testing.T) {
-							p := provision.New(rt, testOptions(t, node.Static{Facts: facts}, provision.WithOverrides(provision.OverridesFromFile(path)))...)
+							p := testenv.Provisioner(t, rt, testOptions(t, node.Static{Facts: facts}, provision.WithOverrides(provision.OverridesFromFile(path)))...)
 							pl, err := p.Plan(ctx, w)
 							if err != nil {
 								t.Fatal(err)
@@ -171,7 +171,7 @@ func TestSimulatedOverrideFollowsTheEngineName(t *testing.T) {
 		if err := os.WriteFile(path, []byte(tc.file), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		p := provision.New(rt, testOptions(t, node.Static{Facts: h100("580.82.07", "13.0")}, provision.WithOverrides(provision.OverridesFromFile(path)))...)
+		p := testenv.Provisioner(t, rt, testOptions(t, node.Static{Facts: h100("580.82.07", "13.0")}, provision.WithOverrides(provision.OverridesFromFile(path)))...)
 		pl, err := p.Plan(ctx, provision.Want{Ref: renamed})
 		if err != nil {
 			t.Fatal(err)

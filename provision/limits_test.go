@@ -74,7 +74,7 @@ func TestProvisionSimulatedProvisionTimeoutSaysSo(t *testing.T) {
 			rt := testenv.Runtime(t, runtime.WithRegistry(registry.New(registry.Config{HeaderTimeout: 10 * time.Minute})))
 			n := testenv.NewNode(h100("575.57.08", "12.9"))
 			return &env{reg: reg, rt: rt, node: n, ref: reg.Host + "/demo:1.0",
-				p: provision.New(rt, testOptions(t, n, provision.WithTimeout(3*time.Second))...)}
+				p: testenv.Provisioner(t, rt, testOptions(t, n, provision.WithTimeout(3*time.Second))...)}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

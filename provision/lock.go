@@ -55,12 +55,7 @@ func (p *Provisioner) lock(ctx context.Context, key string) (func(), error) {
 
 // lockScope keeps keys of different containerd namespaces apart: they are
 // different sets of pins.
-func (p *Provisioner) lockScope() string {
-	if ns, ok := p.rt.(interface{ Namespace() string }); ok {
-		return ns.Namespace()
-	}
-	return ""
-}
+func (p *Provisioner) lockScope() string { return p.rt.Namespace() }
 
 // lockKey takes an exclusive file lock for one pin key on this node, so
 // that two processes (the agent and an operator's `gpupin provision`) do

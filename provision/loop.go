@@ -61,7 +61,7 @@ type Loop struct {
 }
 
 type entry struct {
-	want     Want
+	want     want
 	gen      uint64 // bumped on every change of the want or its override
 	engine   string // the engine's name as the provision's plan named it
 	due      time.Time
@@ -123,8 +123,10 @@ func NewLoop(p *Provisioner, opts LoopOptions) *Loop {
 // nothing changes.
 func (l *Loop) SetWants(wants []Want) error {
 	seen := map[string]bool{}
+	read := make([]want, len(wants))
 	for i, w := range wants {
-		if err := ValidateWant(w); err != nil {
+		var err error
+		if read[i], err = readWant(w); err != nil {
 			return fmt.Errorf("want %d: %w", i+1, err)
 		}
 		if seen[w.Key()] {
@@ -134,7 +136,7 @@ func (l *Loop) SetWants(wants []Want) error {
 	}
 	l.mu.Lock()
 	order := make([]string, 0, len(wants))
-	for _, w := range wants {
+	for _, w := range read {
 		k := w.Key()
 		order = append(order, k)
 		e, ok := l.entries[k]
@@ -145,7 +147,7 @@ func (l *Loop) SetWants(wants []Want) error {
 			e.status = l.pending(e)
 			continue
 		}
-		if e.want != w {
+		if e.want.Want != w.Want {
 			e.want = w
 			l.changed(e)
 		}
@@ -238,7 +240,7 @@ func (l *Loop) Wants() []Want {
 	defer l.mu.Unlock()
 	out := make([]Want, 0, len(l.order))
 	for _, k := range l.order {
-		out = append(out, l.entries[k].want)
+		out = append(out, l.entries[k].want.Want)
 	}
 	return out
 }
@@ -338,16 +340,16 @@ func (l *Loop) Run(ctx context.Context) error {
 	}
 }
 
+// Sweeper removes what an interrupted gpupin left: probe containers,
+// leases, candidate records.
+type Sweeper interface {
+	Sweep(ctx context.Context) (runtime.Swept, error)
+}
+
 // sweep removes what an interrupted gpupin left (probe containers,
 // leases, candidate records), where the runtime can.
 func (l *Loop) sweep(ctx context.Context) {
-	sw, ok := l.p.rt.(interface {
-		Sweep(context.Context) (runtime.Swept, error)
-	})
-	if !ok {
-		return
-	}
-	s, err := sw.Sweep(ctx)
+	s, err := l.p.rt.Sweep(ctx)
 	if err != nil {
 		l.opts.Logger.Warn("sweep of leftovers failed", "err", err)
 		return
@@ -453,7 +455,7 @@ func (l *Loop) launch(ctx context.Context, now time.Time, results chan<- loopRes
 		l.inFlight++
 		go func() {
 			defer cancel()
-			st := l.p.Provision(withObserver(rctx, l.observe), w)
+			st := l.p.provisionWant(withObserver(rctx, l.observe), w)
 			results <- loopResult{key: key, gen: gen, st: st, err: rctx.Err()}
 		}()
 	}
@@ -611,9 +613,9 @@ func (l *Loop) report(sts []Status) {
 }
 
 func (l *Loop) pending(e *entry) Status {
-	w := e.want
-	return Status{Key: w.Key(), Engine: l.engineOf(e), Version: w.Version, Ref: w.Ref, Override: w.Override,
-		State: Pending, Detail: "waiting for its first pass", At: time.Now()}
+	st := pending(e.want.Want)
+	st.Engine, st.Detail, st.At = l.engineOf(e), "waiting for its first pass", time.Now()
+	return st
 }
 
 // engineOf is the engine's name as the want gives it, else as the last

@@ -12,6 +12,8 @@ import (
 
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
+	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/runtime"
 )
@@ -106,7 +108,7 @@ func runLoop(t *testing.T, e *env, lo provision.LoopOptions, test func(t *testin
 		le := &loopEnv{env: e, o: o, rec: &recorder{}}
 		rt := outsideRuntime{rt: e.rt, o: o}
 		resolver := outsideResolver{r: &images.Resolver{Remote: e.rt.Registry()}, o: o}
-		e.p = provision.New(rt, testOptions(t, e.node, provision.WithOverrides(provision.NewOverrides()), provision.WithResolver(resolver))...)
+		e.p = testenv.Provisioner(t, rt, testOptions(t, e.node, provision.WithOverrides(provision.NewOverrides()), provision.WithResolver(resolver))...)
 		lo.OnChange, lo.OnResult = le.rec.change, le.rec.result
 		le.loop = provision.NewLoop(e.p, lo)
 		ctx, cancel := context.WithCancel(t.Context())
@@ -420,6 +422,54 @@ func TestLoopSimulatedRegistryDownKeepsReady(t *testing.T) {
 		}
 		if len(changes) > 1 {
 			t.Errorf("%d changes reported by three identical re-checks", len(changes))
+		}
+	})
+}
+
+// The fast tier: a failing engine is retried after RetryMin, doubling up
+// to the re-check interval, on memRuntime in a bubble of its own.
+func TestLoopBackoffSimulated(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		set := engineSet(demoRef, "demo", "1.0")
+		failing := verdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}})
+		m := newMemRuntime()
+		m.output[set.Variants[0].Ref], m.output[set.Variants[1].Ref] = failing, failing
+		rec := &recorder{}
+		p := memProvisioner(t, m, memResolver{demoRef: set}, h100("580.82.07", "13.0"))
+		loop := provision.NewLoop(p, provision.LoopOptions{RetryMin: time.Minute, Recheck: 10 * time.Minute, NodeCheck: time.Hour,
+			OnChange: rec.change, OnResult: rec.result})
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { loop.Run(ctx); close(done) }()
+		defer func() { cancel(); <-done }()
+		if err := loop.SetWants([]provision.Want{{Ref: demoRef}}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if st := rec.lastResult(); st.State != provision.Failed {
+			t.Fatalf("first pass: %s", st)
+		}
+		var gaps []time.Duration
+		for range 6 {
+			before, at := rec.nResults(), rec.lastResult().At
+			for rec.nResults() == before {
+				time.Sleep(time.Second)
+				synctest.Wait()
+			}
+			gaps = append(gaps, rec.lastResult().At.Sub(at).Round(time.Second))
+		}
+		want := []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 8 * time.Minute, 10 * time.Minute, 10 * time.Minute}
+		if !slices.Equal(gaps, want) {
+			t.Fatalf("retries after %v, want %v", gaps, want)
+		}
+		// A fix is picked up at the next retry, and the engine is then
+		// looked at again only at the re-check.
+		delete(m.output, set.Variants[0].Ref)
+		before := rec.nResults()
+		time.Sleep(10*time.Minute + time.Second)
+		synctest.Wait()
+		if n := rec.nResults() - before; n != 1 || rec.lastResult().State != provision.Ready {
+			t.Fatalf("%d provisions in the 10m after the fix, the last %s; want 1, ready", n, rec.lastResult())
 		}
 	})
 }

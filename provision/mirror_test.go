@@ -27,7 +27,7 @@ func mirrorProvisioner(t *testing.T, body string) (*provision.Provisioner, *runt
 	t.Helper()
 	policy := registry.New(registry.Config{HostsDir: testenv.HostsToml(t, "", upstream, body)})
 	rt := testenv.Runtime(t, runtime.WithRegistry(policy))
-	return provision.New(rt, testOptions(t, testenv.NewNode(h100("575.57.08", "12.9")))...), rt
+	return testenv.Provisioner(t, rt, testOptions(t, testenv.NewNode(h100("575.57.08", "12.9")))...), rt
 }
 
 // mirrorOf is hosts.toml sending upstream to mirror for resolving and

@@ -35,20 +35,17 @@ type Named struct {
 // Name resolves w's reference and names its engine and version exactly as
 // Plan and Provision do (the want's, else the image's metadata, else the
 // repository's last element and the tag). Nothing is pulled.
-func (p *Provisioner) Name(ctx context.Context, w Want) (*Named, error) {
-	if err := ValidateWant(w); err != nil {
-		return nil, err
-	}
-	ref, err := images.ParseReference(w.Ref)
+func (p *Provisioner) Name(ctx context.Context, ww Want) (*Named, error) {
+	w, err := readWant(ww)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidWant, err)
+		return nil, err
 	}
 	set, err := p.opts.Resolver.Resolve(ctx, w.Ref)
 	if err != nil {
 		return nil, err
 	}
 	var pl Plan
-	pl.name(w, ref, set)
+	pl.name(w, set)
 	return &Named{Set: set, Engine: pl.Engine, Version: pl.Version, Key: pl.Key, NamedBy: pl.NamedBy}, nil
 }
 
@@ -133,16 +130,9 @@ type ProbeAs struct {
 // answer, the image's own config (labels, CUDA_VERSION) stands in, as it
 // does for an image without annotations, and From says so.
 func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs) (*ProbeTarget, error) {
-	if p.rt == nil {
-		return nil, errors.New("probe target: the provisioner has no runtime (containerd) to find the image in")
-	}
-	w := Want{Ref: image, Engine: as.Engine}
-	if err := ValidateWant(w); err != nil {
-		return nil, err
-	}
-	ref, err := images.ParseReference(image)
+	w, err := readWant(Want{Ref: image, Engine: as.Engine})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidWant, err)
+		return nil, err
 	}
 	facts, err := p.opts.Node.Read(ctx)
 	if err != nil {
@@ -153,6 +143,9 @@ func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs)
 	}
 	// The probe runs in the image as containerd holds it; it must be there.
 	cfg, err := p.rt.ImageConfig(ctx, image, facts.Platform)
+	if errors.Is(err, errNoRuntime) {
+		return nil, fmt.Errorf("probe target: %w to find the image in", err)
+	}
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return nil, fmt.Errorf("%w: %w", ErrNotPulled, err)
@@ -166,7 +159,7 @@ func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs)
 	t := &ProbeTarget{Image: image, Node: facts}
 	pin := pinNamed(pins, image)
 	if pin == nil || !p.fromPin(ctx, t, pin, as) {
-		p.fromReference(ctx, t, w, ref, pin, cfg)
+		p.fromReference(ctx, t, w, pin, cfg)
 	}
 	if as.Probe != "" {
 		if _, err := probe.Select(as.Probe, "", ""); err != nil {
@@ -185,7 +178,7 @@ func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs)
 // image under the name now), from the image's own config, read as an
 // image without annotations is read. A pin's key and probe stand where
 // nothing else names them.
-func (p *Provisioner) fromReference(ctx context.Context, t *ProbeTarget, w Want, ref images.Reference, pin *runtime.Pin, cfg ocispec.ImageConfig) {
+func (p *Provisioner) fromReference(ctx context.Context, t *ProbeTarget, w want, pin *runtime.Pin, cfg ocispec.ImageConfig) {
 	set, rerr := p.opts.Resolver.Resolve(ctx, t.Image)
 	var v *images.Variant
 	if rerr == nil {
@@ -207,7 +200,7 @@ func (p *Provisioner) fromReference(ctx context.Context, t *ProbeTarget, w Want,
 		t.From = "the registry: " + t.Image
 	}
 	var pl Plan
-	pl.name(w, ref, set)
+	pl.name(w, set)
 	t.Engine, t.Key, t.NamedBy = pl.Engine, pl.Key, pl.NamedBy
 	if pin != nil && w.Engine == "" {
 		t.Key, t.NamedBy = pin.Key, NamedByPin

@@ -10,7 +10,10 @@ import (
 // context carries, and no other loop's.
 func TestLoopsDoNotChangeTheirProvisioner(t *testing.T) {
 	var seen []string
-	p := New(nil, WithOnState(func(Status) { seen = append(seen, "provisioner") }))
+	p, err := New(nil, WithOnState(func(Status) { seen = append(seen, "provisioner") }))
+	if err != nil {
+		t.Fatal(err)
+	}
 	before := len(p.opts.OnState)
 	NewLoop(p, LoopOptions{})
 	NewLoop(p, LoopOptions{})

@@ -7,6 +7,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/registry"
 	"github.com/gpupin/gpupin/runtime"
 )
 
@@ -75,6 +76,18 @@ func (r outsideRuntime) Namespace() string { return r.rt.Namespace() }
 func (r outsideRuntime) Pins(ctx context.Context) (pins []runtime.Pin, err error) {
 	r.o.call(ctx, func(ctx context.Context) { pins, err = r.rt.Pins(ctx) })
 	return pins, err
+}
+
+func (r outsideRuntime) ListPins(ctx context.Context) (pins []runtime.Pin, err error) {
+	r.o.call(ctx, func(ctx context.Context) { pins, err = r.rt.ListPins(ctx) })
+	return pins, err
+}
+
+func (r outsideRuntime) Registry() *registry.Policy { return r.rt.Registry() }
+
+func (r outsideRuntime) Prefetch(ctx context.Context, ref string, opts runtime.PullOptions, maxBytes int64) (release func(), err error) {
+	r.o.call(ctx, func(ctx context.Context) { release, err = r.rt.Prefetch(ctx, ref, opts, maxBytes) })
+	return release, err
 }
 
 func (r outsideRuntime) PreviousPins(ctx context.Context) (pins []runtime.Pin, err error) {

@@ -7,6 +7,15 @@ import (
 	"github.com/gpupin/gpupin/runtime"
 )
 
+// PinReader lists pins. Pins first restores any pin another client took
+// (it writes); ListPins reads them as containerd holds them, for whatever
+// only looks: Plan, `gpupin pins`.
+type PinReader interface {
+	Pins(ctx context.Context) ([]runtime.Pin, error)
+	ListPins(ctx context.Context) ([]runtime.Pin, error)
+	PreviousPins(ctx context.Context) ([]runtime.Pin, error)
+}
+
 // PinStatus is a pin as `gpupin pins` shows it: whether it still holds on
 // this node, and what its verdict says was simulated.
 type PinStatus struct {
@@ -26,10 +35,9 @@ type PinStatus struct {
 // judged against the node as it is now. A node whose facts cannot be read
 // leaves Valid unset rather than failing the list.
 func (p *Provisioner) Pins(ctx context.Context, previous bool) ([]PinStatus, error) {
-	if p.rt == nil {
-		return nil, errNoRuntime
-	}
-	pins, err := p.rt.Pins(ctx)
+	// Read as containerd holds them: a listing writes nothing (Pins would
+	// restore a pin another client took).
+	pins, err := p.rt.ListPins(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -79,9 +87,6 @@ type Replica struct {
 // provisioner's (WithGPUs), else every GPU by CDI, none on a simulated
 // node. starting, when not nil, is told of the replica first.
 func (p *Provisioner) RunPinned(ctx context.Context, target string, spec runtime.RunSpec, starting func(Replica)) (runtime.RunResult, error) {
-	if p.rt == nil {
-		return runtime.RunResult{}, errNoRuntime
-	}
 	pins, err := p.rt.Pins(ctx)
 	if err != nil {
 		return runtime.RunResult{}, err
@@ -108,5 +113,3 @@ func (p *Provisioner) RunPinned(ctx context.Context, target string, spec runtime
 	}
 	return p.rt.Run(ctx, spec)
 }
-
-var errNoRuntime = errors.New("the provisioner has no runtime (containerd)")

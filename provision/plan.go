@@ -2,6 +2,7 @@ package provision
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -70,41 +71,30 @@ type Plan struct {
 
 // Plan decides what a provision of w would do, reading the node, the pins
 // and the registry's manifests, and changing nothing. Pins are read as
-// containerd holds them (a runtime with ListPins, as runtime.Runtime has,
-// is not asked to restore a pin another client took: that writes).
-func (p *Provisioner) Plan(ctx context.Context, w Want) (*Plan, error) {
-	if err := ValidateWant(w); err != nil {
+// containerd holds them (ListPins: restoring a pin another client took
+// would write); a provisioner without containerd reads none.
+func (p *Provisioner) Plan(ctx context.Context, ww Want) (*Plan, error) {
+	w, err := readWant(ww)
+	if err != nil {
 		return nil, err
 	}
 	facts, err := p.opts.Node.Read(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read node facts: %w", err)
 	}
-	var pins []runtime.Pin
-	if p.rt != nil {
-		list := p.rt.Pins
-		if ro, ok := p.rt.(interface {
-			ListPins(context.Context) ([]runtime.Pin, error)
-		}); ok {
-			list = ro.ListPins
-		}
-		if pins, err = list(ctx); err != nil {
-			return nil, err
-		}
+	pins, err := p.rt.ListPins(ctx)
+	if err != nil && !errors.Is(err, errNoRuntime) {
+		return nil, err
 	}
 	return p.plan(ctx, w, facts, pins)
 }
 
 // plan decides for w on facts and pins: the node, then a pin that answers,
 // then the key and override (reading the registry), then the choice.
-func (p *Provisioner) plan(ctx context.Context, w Want, facts *node.Facts, pins []runtime.Pin) (*Plan, error) {
+func (p *Provisioner) plan(ctx context.Context, w want, facts *node.Facts, pins []runtime.Pin) (*Plan, error) {
 	pl := &Plan{Ref: w.Ref, Source: w.Ref, Node: facts, Simulated: facts.Simulated,
 		Candidates: []images.Candidate{}, Rejected: []images.Rejection{}}
-	ref, err := images.ParseReference(w.Ref)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidWant, err)
-	}
-	pl.name(w, ref, nil)
+	pl.name(w, nil)
 	if !facts.Supported() {
 		pl.Outcome, pl.Detail = images.OutcomeUnsupported, "unsupported: "+facts.Unsupported
 		pl.Err = newOutcome(ErrUnsupported, nil, "%s", pl.Detail)
@@ -120,7 +110,7 @@ func (p *Provisioner) plan(ctx context.Context, w Want, facts *node.Facts, pins 
 		pl.answeredBy(pin)
 		return pl, nil
 	}
-	set, err := p.nameAndOverride(ctx, pl, w, ref)
+	set, err := p.nameAndOverride(ctx, pl, w)
 	if err != nil {
 		return nil, err
 	}
@@ -155,31 +145,21 @@ func (pl *Plan) answeredBy(pin *runtime.Pin) {
 // from it, and finds the override that applies: the want's, else the
 // operator's for that engine. A want that names its key and an image
 // override needs nothing of its own reference, which is then not read.
-func (p *Provisioner) nameAndOverride(ctx context.Context, pl *Plan, w Want, ref images.Reference) (*images.Set, error) {
-	ov, from := images.Override{Kind: images.OverrideAuto}, OverrideFromDefault
-	if w.Override != "" {
-		ov, _ = images.ParseOverride(w.Override)
-		from = OverrideFromWant
-	}
+func (p *Provisioner) nameAndOverride(ctx context.Context, pl *Plan, w want) (*images.Set, error) {
 	var set *images.Set
-	if !(w.Engine != "" && w.Version != "" && ov.Kind == images.OverrideImage) {
+	if !(w.namesKey() && w.override.Kind == images.OverrideImage) {
 		var err error
 		if set, err = p.opts.Resolver.Resolve(ctx, w.Ref); err != nil {
 			return nil, err
 		}
 	}
-	pl.name(w, ref, set)
+	pl.name(w, set)
 	if err := validKey(pl.Engine, pl.Version); err != nil {
 		return nil, err
 	}
-	if w.Override == "" {
-		o, ok, err := p.opts.Overrides.Override(pl.Engine)
-		if err != nil {
-			return nil, fmt.Errorf("overrides for %s: %w", pl.Engine, err)
-		}
-		if ok {
-			ov, from = o, OverrideFromSource
-		}
+	ov, from, err := w.overrideFor(p.opts.Overrides, pl.Engine)
+	if err != nil {
+		return nil, err
 	}
 	pl.override, pl.Override, pl.OverrideFrom = ov, ov.String(), from
 	return set, nil
@@ -227,7 +207,7 @@ func (p *Provisioner) choose(ctx context.Context, pl *Plan, set *images.Set) err
 
 // name sets the plan's key: the want's engine and version, else the
 // image's metadata, else the repository's last element and the tag.
-func (pl *Plan) name(w Want, ref images.Reference, set *images.Set) {
+func (pl *Plan) name(w want, set *images.Set) {
 	engine, version := w.Engine, w.Version
 	by := NamedByWant
 	if set != nil {
@@ -241,10 +221,10 @@ func (pl *Plan) name(w Want, ref images.Reference, set *images.Set) {
 		}
 	}
 	if engine == "" {
-		engine, by = images.EngineFromRepo(ref), namedBy(by)
+		engine, by = images.EngineFromRepo(w.ref), namedBy(by)
 	}
 	if version == "" {
-		version, by = ref.Identifier(), namedBy(by)
+		version, by = w.ref.Identifier(), namedBy(by)
 		if strings.HasPrefix(version, "sha256:") {
 			version = version[:19]
 		}
@@ -278,27 +258,19 @@ func validKey(engine, version string) error {
 // pinFor finds the pin that answers w as it is: made from w's reference
 // (under w's key when the want names one), under the override that applies
 // to its engine now, and proved on this node as it is.
-func (p *Provisioner) pinFor(w Want, pins []runtime.Pin, facts *node.Facts) (*runtime.Pin, error) {
+func (p *Provisioner) pinFor(w want, pins []runtime.Pin, facts *node.Facts) (*runtime.Pin, error) {
 	for i := range pins {
 		pin := &pins[i]
 		if pin.Source != w.Ref || pin.Tampered {
 			continue
 		}
-		if w.Engine != "" && w.Version != "" && pin.Key != w.Key() {
+		if w.namesKey() && pin.Key != w.Key() {
 			continue
 		}
-		ov := images.Override{Kind: images.OverrideAuto}
-		if w.Override != "" {
-			ov, _ = images.ParseOverride(w.Override)
-		} else {
-			engine, _, _ := strings.Cut(pin.Key, ":")
-			o, ok, err := p.opts.Overrides.Override(engine)
-			if err != nil {
-				return nil, fmt.Errorf("overrides for %s: %w", engine, err)
-			}
-			if ok {
-				ov = o
-			}
+		engine, _, _ := strings.Cut(pin.Key, ":")
+		ov, _, err := w.overrideFor(p.opts.Overrides, engine)
+		if err != nil {
+			return nil, err
 		}
 		if ov.Kind == images.OverrideNone || pin.Override != ov.String() {
 			continue
@@ -313,7 +285,7 @@ func (p *Provisioner) pinFor(w Want, pins []runtime.Pin, facts *node.Facts) (*ru
 // checkHeld refuses what must not replace the key's current pin: another
 // source's pin, unless the want names the key itself; a pin proved on
 // hardware, from a simulated run.
-func checkHeld(pl *Plan, w Want, pins []runtime.Pin, facts *node.Facts) error {
+func checkHeld(pl *Plan, w want, pins []runtime.Pin, facts *node.Facts) error {
 	held := pinOf(pins, pl.Key)
 	if held == nil {
 		// A tampered record is no pin, but it still holds its key against

@@ -3,6 +3,7 @@ package provision
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/gpupin/gpupin/images"
@@ -18,18 +19,26 @@ import (
 // bounds the compressed layers of a candidate prefetched; the runtime also
 // declines when the snapshot disk lacks about four times that room free.
 // 0 turns it off.
-func WithPrefetch(maxBytes int64) Option { return func(c *config) { c.Prefetch = maxBytes } }
+func WithPrefetch(maxBytes int64) Option {
+	return func(c *config) error {
+		if maxBytes < 0 {
+			return fmt.Errorf("WithPrefetch(%d): a negative bound; 0 turns prefetch off", maxBytes)
+		}
+		c.Prefetch = maxBytes
+		return nil
+	}
+}
 
-// prefetchRuntime is a Runtime that can prefetch (runtime.Runtime can;
-// test doubles need not).
-type prefetchRuntime interface {
+// Prefetcher fetches and unpacks a candidate ahead of its turn; release
+// lets go of what it holds.
+type Prefetcher interface {
 	Prefetch(ctx context.Context, ref string, opts runtime.PullOptions, maxBytes int64) (func(), error)
 }
 
 // prefetcher runs one provision's prefetches: at most one, of the
 // candidate after the one being probed.
 type prefetcher struct {
-	rt       prefetchRuntime
+	rt       Prefetcher
 	ctx      context.Context
 	cands    []images.Candidate
 	platform string
@@ -47,13 +56,12 @@ type prefetcher struct {
 type prefetchKey struct{}
 
 // prefetchFor makes the provision's prefetcher, nil (which does nothing)
-// when WithPrefetch is off, the runtime cannot, or there is no fallback.
+// when WithPrefetch is off or there is no fallback.
 func (p *Provisioner) prefetchFor(ctx context.Context, pl *Plan, platform string) *prefetcher {
-	rt, ok := p.rt.(prefetchRuntime)
-	if !ok || p.opts.Prefetch <= 0 || len(pl.Candidates) < 2 || pl.override.Kind == images.OverrideVariant {
+	if p.opts.Prefetch <= 0 || len(pl.Candidates) < 2 || pl.override.Kind == images.OverrideVariant {
 		return nil
 	}
-	return &prefetcher{rt: rt, ctx: ctx, cands: pl.Candidates, platform: platform, maxBytes: p.opts.Prefetch, next: -1,
+	return &prefetcher{rt: p.rt, ctx: ctx, cands: pl.Candidates, platform: platform, maxBytes: p.opts.Prefetch, next: -1,
 		log: func(msg string, args ...any) { p.opts.Logger.Info(msg, args...) }}
 }
 

@@ -15,6 +15,13 @@ import (
 	"github.com/gpupin/gpupin/runtime"
 )
 
+// Runner runs a container to its end, and reads an image's config (the
+// probe's mounts and defaults come from it).
+type Runner interface {
+	ImageConfig(ctx context.Context, name, platform string) (ocispec.ImageConfig, error)
+	Run(ctx context.Context, spec runtime.RunSpec) (runtime.RunResult, error)
+}
+
 // Probe runs an image's probe in a container of that image (already
 // pulled, as the record named image), with the same box and checks a
 // provision uses, and pins nothing. It returns the verdict and the tail of

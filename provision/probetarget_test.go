@@ -27,7 +27,7 @@ func TestSimulatedProbeTargetIsWhatProvisionProbes(t *testing.T) {
 	reg := testenv.Registry(t)
 	rt := testenv.Runtime(t)
 	facts := h100("580.82.07", "13.0")
-	p := provision.New(rt, testOptions(t, node.Static{Facts: facts})...)
+	p := testenv.Provisioner(t, rt, testOptions(t, node.Static{Facts: facts})...)
 
 	// An upstream image: no labels, no annotations, a repository named vllm-openai.
 	bare, err := sandbox.Image(sandbox.ImageSpec{Env: []string{"CUDA_VERSION=12.9.1", "GPUPIN_SIM_PROBE=emulate"}})
@@ -105,7 +105,7 @@ func TestSimulatedProbeTargetIsWhatProvisionProbes(t *testing.T) {
 	}
 
 	// Refusals, each of its class.
-	noDriver := provision.New(rt, testOptions(t, node.Static{Facts: &node.Facts{Platform: "linux/amd64", Unsupported: "no NVIDIA driver"}})...)
+	noDriver := testenv.Provisioner(t, rt, testOptions(t, node.Static{Facts: &node.Facts{Platform: "linux/amd64", Unsupported: "no NVIDIA driver"}})...)
 	for _, tc := range []struct {
 		name  string
 		p     *provision.Provisioner

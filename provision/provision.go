@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"time"
 
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
 
@@ -19,16 +19,35 @@ import (
 	"github.com/gpupin/gpupin/runtime"
 )
 
-// Runtime is what provisioning needs of containerd (runtime.Runtime).
+// Runtime is everything a Provisioner asks of containerd, said in full so
+// that a wrapper (a test's, a metrics layer) that lacks a part does not
+// compile, rather than silently losing a feature. Each part is declared
+// beside the code that uses it; runtime.Runtime is all of them.
 type Runtime interface {
-	Pins(ctx context.Context) ([]runtime.Pin, error)
-	PreviousPins(ctx context.Context) ([]runtime.Pin, error)
+	PinReader  // pins.go
+	PinWriter  // this file
+	Puller     // this file
+	Prefetcher // prefetch.go
+	Runner     // probe.go
+	Sweeper    // loop.go
+	// Namespace keeps the pin-key locks of different namespaces apart
+	// (lock.go): they are different sets of pins.
+	Namespace() string
+}
+
+// PinWriter makes a pin, and drops a candidate that did not become one.
+type PinWriter interface {
 	SetPin(ctx context.Context, p runtime.Pin, opts runtime.SetPinOptions) error
+	DiscardCandidate(ctx context.Context, name string) error
+}
+
+// Puller pulls candidates by digest under a lease. Registry is the policy
+// it reaches registries with: manifests are resolved through the same one,
+// so that what is resolved is what is pulled.
+type Puller interface {
 	WithLease(ctx context.Context, fn func(ctx context.Context) error) error
 	Pull(ctx context.Context, ref string, opts runtime.PullOptions) (runtime.Pulled, error)
-	ImageConfig(ctx context.Context, name, platform string) (ocispec.ImageConfig, error)
-	Run(ctx context.Context, spec runtime.RunSpec) (runtime.RunResult, error)
-	DiscardCandidate(ctx context.Context, name string) error
+	Registry() *registry.Policy
 }
 
 // Resolver reads a reference down to its variants (images.Resolver).
@@ -49,18 +68,27 @@ type Provisioner struct {
 
 // New makes a Provisioner over a runtime. Its defaults are the CLI's: NVML
 // for node facts, the overrides file, the shared lock directory, and
-// manifests read through the runtime's registry policy.
-func New(rt Runtime, opts ...Option) *Provisioner {
+// manifests read through the runtime's registry policy. A nil rt (the
+// interface itself) is a provisioner without containerd: Plan and Name
+// work, reading no pins, and the rest say there is no runtime. A nil
+// pointer inside rt is refused: it would only fail later, at a first call.
+// An option that refuses its value is New's error.
+func New(rt Runtime, opts ...Option) (*Provisioner, error) {
+	if rt == nil {
+		rt = absent{}
+	} else if v := reflect.ValueOf(rt); v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil, fmt.Errorf("provision: the runtime is a nil %T (connect to containerd first, or pass nil for none)", rt)
+	}
 	c := defaults()
 	for _, o := range opts {
-		if o != nil {
-			o(&c)
+		if o == nil {
+			continue
+		}
+		if err := o(&c); err != nil {
+			return nil, fmt.Errorf("provision: %w", err)
 		}
 	}
-	var policy *registry.Policy
-	if r, ok := rt.(interface{ Registry() *registry.Policy }); ok {
-		policy = r.Registry()
-	}
+	policy := rt.Registry()
 	if c.Resolver == nil {
 		var remote images.Remote
 		if policy != nil {
@@ -77,7 +105,7 @@ func New(rt Runtime, opts ...Option) *Provisioner {
 	if c.Overrides == nil {
 		c.Overrides = NoOverrides()
 	}
-	return &Provisioner{rt: rt, opts: c, stall: policy.Config()}
+	return &Provisioner{rt: rt, opts: c, stall: policy.Config()}, nil
 }
 
 // Provision brings one want to a pinned, proved image, or says why not.
@@ -85,6 +113,20 @@ func New(rt Runtime, opts ...Option) *Provisioner {
 // key from another reference is another want: it waits for the key's lock
 // and then gets its own answer (a conflict, or the pin it finds).
 func (p *Provisioner) Provision(ctx context.Context, w Want) Status {
+	pw, err := readWant(w)
+	if err != nil {
+		// Told like any other end: a loop's observer sees it too.
+		st := pending(w).fail(err)
+		st.At = time.Now()
+		p.emit(ctx, st)
+		return st
+	}
+	return p.provisionWant(ctx, pw)
+}
+
+// provisionWant is Provision of a want already read (a Loop reads its
+// wants once, when they are set).
+func (p *Provisioner) provisionWant(ctx context.Context, w want) Status {
 	for {
 		v, _, shared := p.flight.Do(w.Key()+"\x00"+w.Ref+"\x00"+w.Override, func() (any, error) {
 			st := p.provision(ctx, w)
@@ -119,17 +161,14 @@ func (p *Provisioner) Converge(ctx context.Context, wants []Want) []Status {
 
 // provision plans w, then, under the key's lock, tries its candidates in
 // turn: the steps of Provision, each in a function of its own.
-func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
+func (p *Provisioner) provision(ctx context.Context, w want) (st Status) {
 	start := time.Now()
-	st = Status{Key: w.Key(), Engine: w.Engine, Version: w.Version, Ref: w.Ref, Override: w.Override, State: Pending}
+	st = pending(w.Want)
 	defer func() {
 		st.At = time.Now()
 		st.Duration = st.At.Sub(start)
 		p.emit(ctx, st)
 	}()
-	if err := ValidateWant(w); err != nil {
-		return st.fail(err)
-	}
 	ctx, cancel := context.WithTimeoutCause(ctx, p.opts.Timeout, fmt.Errorf("provision took longer than %s (provision timeout)", p.opts.Timeout))
 	defer cancel()
 	pl, err := p.planProvision(ctx, &st, w)
@@ -165,7 +204,7 @@ func (p *Provisioner) provision(ctx context.Context, w Want) (st Status) {
 // planProvision reads the node and the pins, and plans w. The status says
 // it is resolving only when the registry will be asked: a pin that
 // answers is no resolution.
-func (p *Provisioner) planProvision(ctx context.Context, st *Status, w Want) (*Plan, error) {
+func (p *Provisioner) planProvision(ctx context.Context, st *Status, w want) (*Plan, error) {
 	facts, err := p.opts.Node.Read(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read node facts: %w", err)
@@ -207,7 +246,7 @@ func (st Status) planned(pl *Plan) (Status, bool) {
 // tryCandidates tries the plan's candidates in order until one is pinned.
 // Auto and an operator's image fall back to the next; a forced variant
 // does not, nor does a cancelled provision or a key taken meanwhile.
-func (p *Provisioner) tryCandidates(ctx context.Context, st Status, pl *Plan, w Want, pins []runtime.Pin) Status {
+func (p *Provisioner) tryCandidates(ctx context.Context, st Status, pl *Plan, w want, pins []runtime.Pin) Status {
 	pf := p.prefetchFor(ctx, pl, pl.Node.Platform) // WithPrefetch; nil does nothing
 	defer pf.close()
 	for i, c := range pl.Candidates {
@@ -260,7 +299,7 @@ func (st Status) allFailed(pl *Plan, old *runtime.Pin) Status {
 // raced ends a provision whose pin step found the key taken by another
 // provision: ready when that pin answers this want as it is (the same
 // source), else a conflict naming the holder.
-func (p *Provisioner) raced(ctx context.Context, st Status, w Want, facts *node.Facts, conflict error) Status {
+func (p *Provisioner) raced(ctx context.Context, st Status, w want, facts *node.Facts, conflict error) Status {
 	if pins, err := p.rt.Pins(ctx); err == nil {
 		if pin, _ := p.pinFor(w, pins, facts); pin != nil {
 			return st.ready(*pin, true, fmt.Sprintf("pinned %s (%s) by another provision meanwhile", pin.Ref, pin.Variant))
@@ -270,7 +309,7 @@ func (p *Provisioner) raced(ctx context.Context, st Status, w Want, facts *node.
 }
 
 // heldConflict is SetPin's refusal as provision's conflict.
-func heldConflict(err error, pl *Plan, w Want) error {
+func heldConflict(err error, pl *Plan, w want) error {
 	var held *runtime.HeldError
 	if !errors.As(err, &held) {
 		return err
@@ -289,7 +328,7 @@ func cause(ctx context.Context, err error) error {
 }
 
 // try pulls, probes and pins one candidate under a lease.
-func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Candidate, w Want) (runtime.Pin, *probe.Verdict, *Attempt) {
+func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Candidate, w want) (runtime.Pin, *probe.Verdict, *Attempt) {
 	facts := pl.Node
 	var (
 		pin     runtime.Pin

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -52,7 +54,7 @@ func setup(t *testing.T, facts *node.Facts, variants []sandbox.EngineVariant, ex
 		t.Fatal(err)
 	}
 	e.ref = e.reg.Host + "/demo:1.0"
-	e.p = provision.New(e.rt, testOptions(t, e.node, extra...)...)
+	e.p = testenv.Provisioner(t, e.rt, testOptions(t, e.node, extra...)...)
 	return e
 }
 
@@ -179,7 +181,7 @@ devices:
 		t.Fatal(err)
 	}
 	gpus := runtime.GPUs{Mode: runtime.GPUCDI, Devices: []string{runtime.DefaultCDIDevice}}
-	e.p = provision.New(e.rt, testOptions(t, e.node, provision.WithGPUs(gpus))...)
+	e.p = testenv.Provisioner(t, e.rt, testOptions(t, e.node, provision.WithGPUs(gpus))...)
 	st := e.p.Provision(ctx, provision.Want{Ref: e.reg.Host + "/demo:1.0"})
 	if st.State != provision.Ready {
 		t.Fatalf("%s: %s", st.State, st.Detail)
@@ -411,7 +413,7 @@ func TestProvisionSimulatedTwoProcessesOneEngineWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := provision.New(e.rt, testOptions(t, e.node, provision.WithLockDir(lockDir))...)
+	p := testenv.Provisioner(t, e.rt, testOptions(t, e.node, provision.WithLockDir(lockDir))...)
 	done := make(chan provision.Status, 1)
 	go func() { done <- p.Provision(ctx, provision.Want{Ref: e.ref}) }()
 	select {
@@ -471,10 +473,120 @@ func TestProvisionSimulatedNeverReplacesHardwarePin(t *testing.T) {
 		if st := e2.p.Provision(ctx, provision.Want{Ref: e2.ref}); st.State != provision.Ready {
 			t.Fatalf("%s: %s", st.State, st.Detail)
 		}
-		realNode := provision.New(e2.rt, testOptions(t, node.Static{Facts: &real})...)
+		realNode := testenv.Provisioner(t, e2.rt, testOptions(t, node.Static{Facts: &real})...)
 		e2.reg.SetDown(true) // were the simulated pin trusted, no registry would be needed
 		if st := realNode.Provision(ctx, provision.Want{Ref: e2.ref}); st.FromPin || st.State == provision.Ready {
 			t.Fatalf("a real node took a simulated pin as proved: %s %s", st.State, st.Detail)
 		}
 	})
+}
+
+// The fast tier: the order of attempts and fallback, on memRuntime.
+func TestProvisionFallbackOrderSimulated(t *testing.T) {
+	set := engineSet(demoRef, "demo", "1.0")
+	cu13Ref, cu129Ref := set.Variants[0].Ref, set.Variants[1].Ref
+	failing := verdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}, Detail: "gemm mismatch"})
+	for _, tc := range []struct {
+		name     string
+		override string
+		pullErr  map[string]error
+		output   map[string]string
+		state    provision.State
+		variant  string
+		attempts []string // variant/stage, in order
+		pulls    []string
+	}{
+		{"the first passes", "", nil, nil, provision.Ready, "cu13", nil, []string{cu13Ref}},
+		{"a pull fails: the next", "", map[string]error{cu13Ref: errors.New("connection reset")}, nil, provision.Ready, "cu129", []string{"cu13/pull"}, []string{cu13Ref, cu129Ref}},
+		{"a probe fails: the next", "", nil, map[string]string{cu13Ref: failing}, provision.Ready, "cu129", []string{"cu13/probe"}, []string{cu13Ref, cu129Ref}},
+		{"garbled output: the next", "", nil, map[string]string{cu13Ref: probe.LinePrefix + "{\"ok\":tru"}, provision.Ready, "cu129", []string{"cu13/probe"}, []string{cu13Ref, cu129Ref}},
+		{"all fail", "", nil, map[string]string{cu13Ref: failing, cu129Ref: failing}, provision.Failed, "", []string{"cu13/probe", "cu129/probe"}, []string{cu13Ref, cu129Ref}},
+		{"a forced variant does not fall back", "cu13", nil, map[string]string{cu13Ref: failing}, provision.Failed, "", []string{"cu13/probe"}, []string{cu13Ref}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMemRuntime()
+			maps.Copy(m.pullErr, tc.pullErr)
+			maps.Copy(m.output, tc.output)
+			p := memProvisioner(t, m, memResolver{demoRef: set}, h100("580.82.07", "13.0"))
+			st := p.Provision(t.Context(), provision.Want{Ref: demoRef, Override: tc.override})
+			var attempts []string
+			for _, a := range st.Attempts {
+				attempts = append(attempts, a.Variant+"/"+a.Stage)
+			}
+			if st.State != tc.state || st.Variant != tc.variant || !slices.Equal(attempts, tc.attempts) || !slices.Equal(m.pulled(), tc.pulls) {
+				t.Fatalf("%s, variant %q, attempts %v, pulls %v; want %s, %q, %v, %v", st, st.Variant, attempts, m.pulled(), tc.state, tc.variant, tc.attempts, tc.pulls)
+			}
+			pins, _ := m.ListPins(t.Context())
+			if tc.state == provision.Ready && (len(pins) != 1 || pins[0].Variant != tc.variant || pins[0].Key != "demo:1.0") {
+				t.Fatalf("pins %+v, want one of demo:1.0 on %s", pins, tc.variant)
+			}
+			if tc.state == provision.Failed && (len(pins) != 0 || !errors.Is(st.Err, provision.ErrAllFailed)) {
+				t.Fatalf("pins %+v, err %v; want none, ErrAllFailed", pins, st.Err)
+			}
+		})
+	}
+}
+
+// A failed provision never changes a working pin: the earlier one stays,
+// and the status names it.
+func TestProvisionFailureKeepsTheEarlierPinSimulated(t *testing.T) {
+	set := engineSet(demoRef, "demo", "1.0")
+	facts := h100("580.82.07", "13.0")
+	m := newMemRuntime()
+	p := memProvisioner(t, m, memResolver{demoRef: set}, facts)
+	if st := p.Provision(t.Context(), provision.Want{Ref: demoRef}); st.State != provision.Ready {
+		t.Fatal(st)
+	}
+	before, _ := m.ListPins(t.Context())
+	failing := verdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}})
+	m.output[set.Variants[1].Ref] = failing
+	st := p.Provision(t.Context(), provision.Want{Ref: demoRef, Override: "cu129"})
+	after, _ := m.ListPins(t.Context())
+	if st.State != provision.Failed || !slices.Equal(before, after) {
+		t.Fatalf("%s; pins %+v, were %+v", st, after, before)
+	}
+	if !strings.Contains(st.Detail, "the earlier pin "+before[0].Ref+" (cu13) is unchanged") {
+		t.Fatalf("detail %q does not name the earlier pin", st.Detail)
+	}
+}
+
+// New refuses what would fail later: a nil *runtime.Runtime, and an
+// option's bad value.
+func TestNewRefuses(t *testing.T) {
+	var nilRuntime *runtime.Runtime
+	for _, tc := range []struct {
+		name string
+		rt   provision.Runtime
+		opt  provision.Option
+		want string
+	}{
+		{"a nil *runtime.Runtime", nilRuntime, nil, "nil *runtime.Runtime"},
+		{"a negative timeout", nil, provision.WithTimeout(-time.Second), "WithTimeout(-1s)"},
+		{"a negative probe timeout", nil, provision.WithProbeTimeout(-time.Second), "WithProbeTimeout(-1s)"},
+		{"negative pids", nil, provision.WithProbeLimits(0, -1), "pids -1"},
+		{"an unknown probe", nil, provision.WithDefaultProbe("bogus"), `WithDefaultProbe("bogus")`},
+		{"a negative prefetch", nil, provision.WithPrefetch(-1), "WithPrefetch(-1)"},
+		{"no lock directory", nil, provision.WithLockDir(""), "WithLockDir"},
+		{"a nil node", nil, provision.WithNode(nil), "WithNode(nil)"},
+		{"nil overrides", nil, provision.WithOverrides(nil), "NoOverrides()"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := provision.New(tc.rt, tc.opt)
+			if err == nil || p != nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New: %v, %v; want an error saying %q", p, err, tc.want)
+			}
+		})
+	}
+	// Without containerd (nil), Plan reads no pins and the rest say so.
+	p, err := provision.New(nil, provision.WithNode(node.Static{Facts: h100("580.82.07", "13.0")}),
+		provision.WithResolver(memResolver{demoRef: engineSet(demoRef, "demo", "1.0")}), provision.WithOverrides(provision.NoOverrides()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl, err := p.Plan(t.Context(), provision.Want{Ref: demoRef}); err != nil || len(pl.Candidates) != 2 {
+		t.Fatalf("Plan without containerd: %v, %v", pl, err)
+	}
+	if _, err := p.Pins(t.Context(), false); err == nil || !strings.Contains(err.Error(), "no runtime") {
+		t.Fatalf("Pins without containerd: %v", err)
+	}
 }

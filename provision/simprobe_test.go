@@ -75,7 +75,7 @@ func publish(t *testing.T, reg *sandbox.Registry, name string, vs ...variantImag
 }
 
 func newProvisioner(t *testing.T, rt *runtime.Runtime, facts *node.Facts, extra ...provision.Option) *provision.Provisioner {
-	return provision.New(rt, testOptions(t, testenv.NewNode(facts), extra...)...)
+	return testenv.Provisioner(t, rt, testOptions(t, testenv.NewNode(facts), extra...)...)
 }
 
 func assertNoPins(t *testing.T, rt *runtime.Runtime) {

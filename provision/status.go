@@ -21,57 +21,6 @@ import (
 	"github.com/gpupin/gpupin/runtime"
 )
 
-// Want is an engine the caller wants on this node.
-type Want struct {
-	// Engine and Version name the pin (engine:version). When both are
-	// given, the want owns that key and may move it from another source;
-	// when empty they come from the image's metadata, else its repository
-	// and tag, and never displace another source's pin.
-	Engine  string `json:"engine,omitempty"`
-	Version string `json:"version,omitempty"`
-	Ref     string `json:"ref"`
-	// Override is auto, none, a variant name or an image reference; empty
-	// means the operator's override of the engine, else auto.
-	Override string `json:"override,omitempty"`
-}
-
-// Key names the want before anything is resolved.
-func (w Want) Key() string {
-	if w.Engine != "" && w.Version != "" {
-		return w.Engine + ":" + w.Version
-	}
-	return w.Ref
-}
-
-// ValidateWant checks a want before anything is fetched: a reference that
-// parses, an engine and a version of the strict grammar pins are named
-// with, an override of one of the accepted forms.
-func ValidateWant(w Want) error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidWant, fmt.Sprintf(format, args...))
-	}
-	if strings.TrimSpace(w.Ref) == "" {
-		return bad("ref is empty")
-	}
-	if _, err := images.ParseReference(w.Ref); err != nil {
-		return bad("ref: %v", err)
-	}
-	if w.Engine != "" {
-		if err := images.CheckEngine(w.Engine); err != nil {
-			return bad("engine %v", err)
-		}
-	}
-	if w.Version != "" && !images.ValidEngineVersion(w.Version) {
-		return bad("version %q is not an engine version (letters, digits, '.', '_', '+', '-', at most 128)", w.Version)
-	}
-	if w.Override != "" {
-		if _, err := images.ParseOverride(w.Override); err != nil {
-			return bad("override: %v", err)
-		}
-	}
-	return nil
-}
-
 // State is where a provision stands.
 type State string
 
@@ -160,6 +109,11 @@ func (s Status) String() string {
 		fmt.Fprintf(&b, ": %s", s.Detail)
 	}
 	return b.String()
+}
+
+// pending is w's status before anything is done.
+func pending(w Want) Status {
+	return Status{Key: w.Key(), Engine: w.Engine, Version: w.Version, Ref: w.Ref, Override: w.Override, State: Pending}
 }
 
 func (s Status) fail(err error) Status {

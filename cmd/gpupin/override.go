@@ -82,7 +82,11 @@ func runOverrideSet(c *cli.Context) error {
 	// must not hold up the agent's writes.
 	if ref := c.String("ref"); ref != "" {
 		err := inSession(c, noContainerd, func(s *session) error {
-			if err := s.provisioner().CheckOverride(c.Context, engine, ov, ref); err != nil {
+			p, err := s.provisioner()
+			if err != nil {
+				return err
+			}
+			if err := p.CheckOverride(c.Context, engine, ov, ref); err != nil {
 				return fmt.Errorf("--ref: %w", err)
 			}
 			return nil

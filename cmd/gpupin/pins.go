@@ -41,7 +41,11 @@ func runPins(c *cli.Context) error {
 		return usageError("usage: %s (no arguments; got %q)", c.Command.UsageText, c.Args().First())
 	}
 	return inSession(c, needContainerd, func(s *session) error {
-		pins, err := s.provisioner().Pins(c.Context, c.Bool("previous"))
+		p, err := s.provisioner()
+		if err != nil {
+			return err
+		}
+		pins, err := p.Pins(c.Context, c.Bool("previous"))
 		if err != nil {
 			return err
 		}

@@ -59,7 +59,11 @@ func runPlan(c *cli.Context) error {
 			}
 			extra = append(extra, provision.WithOverrides(cluster))
 		}
-		pl, err := s.provisioner(extra...).Plan(c.Context, w)
+		p, err := s.provisioner(extra...)
+		if err != nil {
+			return err
+		}
+		pl, err := p.Plan(c.Context, w)
 		if err != nil {
 			return err
 		}

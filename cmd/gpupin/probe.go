@@ -43,7 +43,11 @@ func runProbe(c *cli.Context) error {
 		as.Probe = c.String("probe")
 	}
 	return inSession(c, needContainerd, func(s *session) error {
-		r, err := s.provisioner().ProbeImage(c.Context, ref, as)
+		p, err := s.provisioner()
+		if err != nil {
+			return err
+		}
+		r, err := p.ProbeImage(c.Context, ref, as)
 		if errors.Is(err, provision.ErrNotPulled) {
 			return fmt.Errorf("%w (pull it first: gpupin provision, or ctr -n %s images pull)", err, s.rt.Namespace())
 		}

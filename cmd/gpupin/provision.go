@@ -53,7 +53,11 @@ func runProvision(c *cli.Context) error {
 				}
 			}))
 		}
-		sts := s.provisioner(show...).Converge(c.Context, wants)
+		p, err := s.provisioner(show...)
+		if err != nil {
+			return err
+		}
+		sts := p.Converge(c.Context, wants)
 		if jsonOut(c) {
 			if err := writeJSON(c.App.Writer, sts); err != nil {
 				return err

@@ -55,7 +55,11 @@ func runRun(c *cli.Context) error {
 	spec.Args = cmdArgs
 	return inSession(c, needContainerd, func(s *session) error {
 		w := c.App.ErrWriter
-		res, err := s.provisioner().RunPinned(c.Context, target, spec, func(r provision.Replica) {
+		p, err := s.provisioner()
+		if err != nil {
+			return err
+		}
+		res, err := p.RunPinned(c.Context, target, spec, func(r provision.Replica) {
 			if r.Stale {
 				fmt.Fprintf(w, "warning: %s was proved under another driver or GPU set; gpupin provision re-proves it\n", r.Pin.Key)
 			}

@@ -78,13 +78,19 @@ func (s *session) close() {
 
 // provisioner is a Provisioner over the session's containerd, or over
 // none (Plan then reads no pins): New(nil), since a nil *runtime.Runtime
-// would be a Runtime that is not nil.
-func (s *session) provisioner(extra ...provision.Option) *provision.Provisioner {
+// would be a Runtime that is not nil, which New refuses. The options come
+// from flags, so one refused is a usage error.
+func (s *session) provisioner(extra ...provision.Option) (*provision.Provisioner, error) {
 	opts := append(append([]provision.Option(nil), s.opts...), extra...)
-	if s.rt == nil {
-		return provision.New(nil, opts...)
+	var rt provision.Runtime
+	if s.rt != nil {
+		rt = s.rt
 	}
-	return provision.New(s.rt, opts...)
+	p, err := provision.New(rt, opts...)
+	if err != nil {
+		return nil, usageError("%v", err)
+	}
+	return p, nil
 }
 
 // openSession reads the node, registry, provisioning and GPU flags a

@@ -15,6 +15,7 @@ import (
 // (scripts/deps.sh installs it), it never skips.
 func Distribution(t testing.TB, opts sandbox.DistributionOptions) *sandbox.Distribution {
 	t.Helper()
+	Daemons(t)
 	d, err := sandbox.StartDistribution(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
@@ -33,6 +34,7 @@ func Distribution(t testing.TB, opts sandbox.DistributionOptions) *sandbox.Distr
 // d.Remote(ca.Pool())) or ca.CertFile (the `ca` of a containerd hosts.toml).
 func TLSDistribution(t testing.TB, opts sandbox.DistributionOptions) (*sandbox.Distribution, *sandbox.CA) {
 	t.Helper()
+	Daemons(t)
 	ca := CA(t)
 	kp, err := ca.Server("registry")
 	if err != nil {
@@ -96,6 +98,7 @@ func ToolsDir() string {
 // fails the test (scripts/deps.sh builds it).
 func Crictl(t testing.TB) string {
 	t.Helper()
+	Daemons(t)
 	if p, err := exec.LookPath("crictl"); err == nil {
 		return p
 	}

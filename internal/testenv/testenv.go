@@ -6,10 +6,15 @@
 // The containerd is Debian's 1.6 from PATH, or the one named by
 // $GPUPIN_TEST_CONTAINERD (sandbox.EnvContainerd): `make test` runs every
 // package against both.
+//
+// Under -short (`make test-short`) nothing is started: every test that
+// asks for a daemon, a built binary or root skips (Daemons), and what
+// remains is the fast tier of pure logic. `make test` never passes -short.
 package testenv
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,6 +25,7 @@ import (
 
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/probe"
+	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/runtime"
 )
 
@@ -49,6 +55,10 @@ func Main(m *testing.M) { os.Exit(Run(m)) }
 //	os.RemoveAll(dir)
 //	os.Exit(code)
 func Run(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		return m.Run()
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "testenv: not root: tests that need containerd skip ("+needsRoot+")")
 		return m.Run()
@@ -71,9 +81,20 @@ func Run(m *testing.M) int {
 	return m.Run()
 }
 
-// RequireRoot skips the test unless it runs as root.
+// Daemons skips the test under -short: it needs a daemon (containerd,
+// Debian's docker-registry, kube-apiserver, kubelet), programs built for
+// it, or root. The fast tier is what runs without them.
+func Daemons(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs a daemon, built programs or root (make test runs it)")
+	}
+}
+
+// RequireRoot skips the test unless it runs as root (and under -short).
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	Daemons(t)
 	if os.Geteuid() != 0 {
 		t.Skip(needsRoot)
 	}
@@ -166,4 +187,14 @@ func connect(t testing.TB, d *sandbox.Containerd, opts ...runtime.Opt) *runtime.
 	}
 	t.Cleanup(func() { rt.Close() })
 	return rt
+}
+
+// Provisioner is provision.New that fails the test on an error.
+func Provisioner(t testing.TB, rt provision.Runtime, opts ...provision.Option) *provision.Provisioner {
+	t.Helper()
+	p, err := provision.New(rt, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -1,0 +1,97 @@
+package provision
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/gpupin/gpupin/images"
+)
+
+// Want is an engine the caller wants on this node.
+type Want struct {
+	// Engine and Version name the pin (engine:version). When both are
+	// given, the want owns that key and may move it from another source;
+	// when empty they come from the image's metadata, else its repository
+	// and tag, and never displace another source's pin.
+	Engine  string `json:"engine,omitempty"`
+	Version string `json:"version,omitempty"`
+	Ref     string `json:"ref"`
+	// Override is auto, none, a variant name or an image reference; empty
+	// means the operator's override of the engine, else auto.
+	Override string `json:"override,omitempty"`
+}
+
+// Key names the want before anything is resolved.
+func (w Want) Key() string {
+	if w.Engine != "" && w.Version != "" {
+		return w.Engine + ":" + w.Version
+	}
+	return w.Ref
+}
+
+// ValidateWant checks a want before anything is fetched: a reference that
+// parses, an engine and a version of the strict grammar pins are named
+// with, an override of one of the accepted forms.
+func ValidateWant(w Want) error {
+	_, err := readWant(w)
+	return err
+}
+
+// want is a Want read once, where it enters (Provision, Plan, Name,
+// ProbeTarget, a Loop's SetWants): everything below takes the parsed
+// reference and override from here and never parses the strings again.
+type want struct {
+	Want
+	ref images.Reference
+	// override is the want's own; Kind is empty when it names none, and
+	// the operator's override of the engine applies (overrideFor).
+	override images.Override
+}
+
+// readWant checks w (ValidateWant) and parses it.
+func readWant(w Want) (want, error) {
+	bad := func(format string, args ...any) (want, error) {
+		return want{}, fmt.Errorf("%w: %s", ErrInvalidWant, fmt.Sprintf(format, args...))
+	}
+	if strings.TrimSpace(w.Ref) == "" {
+		return bad("ref is empty")
+	}
+	ref, err := images.ParseReference(w.Ref)
+	if err != nil {
+		return bad("ref: %v", err)
+	}
+	if w.Engine != "" {
+		if err := images.CheckEngine(w.Engine); err != nil {
+			return bad("engine %v", err)
+		}
+	}
+	if w.Version != "" && !images.ValidEngineVersion(w.Version) {
+		return bad("version %q is not an engine version (letters, digits, '.', '_', '+', '-', at most 128)", w.Version)
+	}
+	pw := want{Want: w, ref: ref}
+	if w.Override != "" {
+		if pw.override, err = images.ParseOverride(w.Override); err != nil {
+			return bad("override: %v", err)
+		}
+	}
+	return pw, nil
+}
+
+// namesKey: the want gives engine and version, so it owns that key.
+func (w want) namesKey() bool { return w.Engine != "" && w.Version != "" }
+
+// overrideFor is the override that applies to engine for this want: its
+// own, else the operator's (from src), else auto; and where it came from.
+func (w want) overrideFor(src OverrideSource, engine string) (images.Override, string, error) {
+	if w.override.Kind != "" {
+		return w.override, OverrideFromWant, nil
+	}
+	o, ok, err := src.Override(engine)
+	if err != nil {
+		return images.Override{}, "", fmt.Errorf("overrides for %s: %w", engine, err)
+	}
+	if ok {
+		return o, OverrideFromSource, nil
+	}
+	return images.Override{Kind: images.OverrideAuto}, OverrideFromDefault, nil
+}
