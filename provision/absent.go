@@ -41,4 +41,4 @@ func (absent) Run(context.Context, runtime.RunSpec) (runtime.RunResult, error) {
 	return runtime.RunResult{}, errNoRuntime
 }
 func (absent) Sweep(context.Context) (runtime.Swept, error) { return runtime.Swept{}, errNoRuntime }
-func (absent) Namespace() string                           { return "" }
+func (absent) Namespace() string                            { return "" }

@@ -113,7 +113,7 @@ func (m *memRuntime) Run(_ context.Context, spec runtime.RunSpec) (runtime.RunRe
 }
 
 func (m *memRuntime) Sweep(context.Context) (runtime.Swept, error) { return runtime.Swept{}, nil }
-func (m *memRuntime) Namespace() string                           { return "mem" }
+func (m *memRuntime) Namespace() string                            { return "mem" }
 
 func (m *memRuntime) pulled() []string {
 	m.mu.Lock()
