@@ -289,7 +289,7 @@ func TestBuildPush(t *testing.T) {
 		t.Fatalf("publish result %+v", res.Publish)
 	}
 	for _, e := range res.Publish.Entries {
-		img, err := remote.Image(mustRef(t, reg.Host+"/org/vllm@"+e.Digest))
+		img, err := remote.Image(testenv.MustRef(t, reg.Host+"/org/vllm@"+e.Digest))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -307,7 +307,7 @@ func TestBuildPush(t *testing.T) {
 		}
 	}
 	// The alias tag exists and points at an index of the variant.
-	if _, err := remote.Index(mustRef(t, reg.Host+"/org/vllm:0.11.0-cu13")); err != nil {
+	if _, err := remote.Index(testenv.MustRef(t, reg.Host+"/org/vllm:0.11.0-cu13")); err != nil {
 		t.Error(err)
 	}
 }

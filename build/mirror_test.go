@@ -31,7 +31,7 @@ func skopeoCopy(t *testing.T, src, dst string) {
 
 func headDigest(t *testing.T, ref string) string {
 	t.Helper()
-	d, err := remote.Head(mustRef(t, ref))
+	d, err := remote.Head(testenv.MustRef(t, ref))
 	if err != nil {
 		t.Fatalf("head %s: %v", ref, err)
 	}
@@ -41,7 +41,7 @@ func headDigest(t *testing.T, ref string) string {
 // rawIndex reads an index manifest as the registry serves it.
 func rawIndex(t *testing.T, ref string) []byte {
 	t.Helper()
-	d, err := remote.Get(mustRef(t, ref))
+	d, err := remote.Get(testenv.MustRef(t, ref))
 	if err != nil {
 		t.Fatalf("get %s: %v", ref, err)
 	}

@@ -78,7 +78,7 @@ func TestPublishTLSFromHostsToml(t *testing.T) {
 					t.Fatalf("published without %s, or failed otherwise: %v", tc.name, err)
 				}
 				t.Logf("without %s: %v", tc.name, err)
-				if _, err := remote.Head(mustRef(t, reg.Host+"/"+repo), check...); !notFound(err) {
+				if _, err := remote.Head(testenv.MustRef(t, reg.Host+"/"+repo), check...); !notFound(err) {
 					t.Fatalf("a failed publish left the tag, or the check failed: %v", err)
 				}
 				for _, dl := range d.Dials() {
@@ -94,7 +94,7 @@ func TestPublishTLSFromHostsToml(t *testing.T) {
 				if !res.Verified || !strings.HasPrefix(res.Tag, host+"/") {
 					t.Fatalf("result %+v", res)
 				}
-				desc, err := remote.Head(mustRef(t, reg.Host+"/"+repo), check...)
+				desc, err := remote.Head(testenv.MustRef(t, reg.Host+"/"+repo), check...)
 				if err != nil {
 					t.Fatal(err)
 				}

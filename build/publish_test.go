@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
@@ -70,7 +69,7 @@ func pushSources(t testing.TB, host string, vs []srcVariant) []Variant {
 
 func sourceDigests(t *testing.T, ref string) map[string]string {
 	t.Helper()
-	idx, err := remote.Index(mustRef(t, ref))
+	idx, err := remote.Index(testenv.MustRef(t, ref))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,15 +82,6 @@ func sourceDigests(t *testing.T, ref string) map[string]string {
 		out[m.Platform.OS+"/"+m.Platform.Architecture] = m.Digest.String()
 	}
 	return out
-}
-
-func mustRef(t testing.TB, s string) name.Reference {
-	t.Helper()
-	r, err := name.ParseReference(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
 }
 
 func TestPublishTwoVariantsTwoPlatforms(t *testing.T) {
@@ -148,7 +138,7 @@ func TestPublishTwoVariantsTwoPlatforms(t *testing.T) {
 		{"linux/arm64", src13["linux/arm64"], ann13, req13},
 	}
 
-	idx, err := remote.Index(mustRef(t, tag))
+	idx, err := remote.Index(testenv.MustRef(t, tag))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +177,7 @@ func TestPublishTwoVariantsTwoPlatforms(t *testing.T) {
 			t.Errorf("entry %d requirement set %v, want %v", i, req, w.req)
 		}
 		// The child is in the target repository by digest.
-		if _, err := remote.Head(mustRef(t, dst.Host+"/org/vllm@"+w.digest)); err != nil {
+		if _, err := remote.Head(testenv.MustRef(t, dst.Host+"/org/vllm@"+w.digest)); err != nil {
 			t.Errorf("entry %d: child not in the target repository: %v", i, err)
 		}
 	}
@@ -203,7 +193,7 @@ func TestPublishTwoVariantsTwoPlatforms(t *testing.T) {
 		{tag + "-cu13", []string{src13["linux/amd64"], src13["linux/arm64"]}},
 		{tag + "-cu129", []string{src129["linux/amd64"], src129["linux/arm64"]}},
 	} {
-		ai, err := remote.Index(mustRef(t, a.tag))
+		ai, err := remote.Index(testenv.MustRef(t, a.tag))
 		if err != nil {
 			t.Fatalf("alias %s: %v", a.tag, err)
 		}
@@ -394,11 +384,11 @@ func TestPublishRefusals(t *testing.T) {
 
 func assertNoTag(t *testing.T, tag string) {
 	t.Helper()
-	if _, err := remote.Head(mustRef(t, tag)); err == nil {
+	if _, err := remote.Head(testenv.MustRef(t, tag)); err == nil {
 		t.Errorf("%s exists after a refused publish", tag)
 	}
 	for _, v := range []string{"cu13", "cu129"} {
-		if _, err := remote.Head(mustRef(t, tag+"-"+v)); err == nil {
+		if _, err := remote.Head(testenv.MustRef(t, tag+"-"+v)); err == nil {
 			t.Errorf("alias %s-%s exists after a refused publish", tag, v)
 		}
 	}
@@ -462,7 +452,7 @@ func TestPublishFailureLeavesTag(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "alias tag") || !strings.Contains(err.Error(), "tag not written") {
 		t.Fatalf("error %v, want an alias failure that says the tag was not written", err)
 	}
-	d, err := remote.Head(mustRef(t, tag))
+	d, err := remote.Head(testenv.MustRef(t, tag))
 	if err != nil {
 		t.Fatal(err)
 	}

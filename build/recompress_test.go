@@ -90,17 +90,17 @@ func TestPublishRecompressedKeepsOrderAndAnnotations(t *testing.T) {
 		if e.Digest == p.Digest {
 			t.Errorf("entry %d: the child was not re-encoded", i)
 		}
-		src, err := remote.Image(mustRef(t, reg.Host+"/org/vllm@"+p.Digest))
+		src, err := remote.Image(testenv.MustRef(t, reg.Host+"/org/vllm@"+p.Digest))
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := remote.Image(mustRef(t, reg.Host+"/org/vllm-zstd@"+e.Digest))
+		got, err := remote.Image(testenv.MustRef(t, reg.Host+"/org/vllm-zstd@"+e.Digest))
 		if err != nil {
 			t.Fatal(err)
 		}
 		checkRecompressed(t, src, got)
 	}
-	idx, err := remote.Index(mustRef(t, reg.Host+"/org/vllm-zstd:1.0"))
+	idx, err := remote.Index(testenv.MustRef(t, reg.Host+"/org/vllm-zstd:1.0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func TestBuildZstd(t *testing.T) {
 	writeTree(t, dir, spec)
 	res := buildIn(t, dir, BuildOptions{Push: true, Compression: CompressionZstd})
 	for _, e := range res.Publish.Entries {
-		img, err := remote.Image(mustRef(t, reg.Host+"/org/vllm@"+e.Digest))
+		img, err := remote.Image(testenv.MustRef(t, reg.Host+"/org/vllm@"+e.Digest))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,7 +220,7 @@ func TestBuildZstd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		zi, err := remote.Image(mustRef(t, reg.Host+"/org/vllm@"+res.Images[i].Digest))
+		zi, err := remote.Image(testenv.MustRef(t, reg.Host+"/org/vllm@"+res.Images[i].Digest))
 		if err != nil {
 			t.Fatal(err)
 		}

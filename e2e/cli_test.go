@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -137,12 +138,12 @@ func TestCLISimulatedProvisionPinsRunProbeUnpinGC(t *testing.T) {
 	}
 	var gc struct{ Removed, Kept []string }
 	json.Unmarshal([]byte(out), &gc)
-	if !contains(gc.Kept, pinned) {
+	if !slices.Contains(gc.Kept, pinned) {
 		t.Fatalf("gc removed the previous pin %s: %+v", pinned, gc)
 	}
 	out, code = c.run("gc", "--all", "--json")
 	json.Unmarshal([]byte(out), &gc)
-	if code != 0 || !contains(gc.Removed, pinned) {
+	if code != 0 || !slices.Contains(gc.Removed, pinned) {
 		t.Fatalf("gc --all exit %d did not remove %s:\n%s", code, pinned, out)
 	}
 	out, code = c.run("run", "eng:2.0", "--", "true")
@@ -332,15 +333,6 @@ func TestCLISimulatedProbeLimitsAndProvisionTimeout(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.out, "provision took longer than 8s (provision timeout)") {
 		t.Fatalf("a hung probe under --provision-timeout 8s: exit %d, want 1 and the timeout named:\n%s", r.code, r.out)
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Usage errors exit 2 through the real binary, as they do in process:

@@ -146,7 +146,7 @@ func (e *criEnv) writeJSON(name, text string) string {
 // with no registry request; and a host-network pod's container started
 // from the local name runs the proved variant.
 func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
-	needProbeBinaries(t)
+	testenv.NeedProbeBinaries(t)
 	e := newCRIEnv(t, sandbox.DefaultSandboxImage)
 	ctx := context.Background()
 	if _, err := sandbox.PublishEngine(ctx, e.reg.Host, "demo", "1.0", []sandbox.EngineVariant{testenv.CU13, testenv.CU129}); err != nil {

@@ -41,7 +41,7 @@ const kubeletPause = "registry.k8s.io/pause:3.10"
 // internal/sandbox writes either. Kubelet 1.37 still runs on a CRI without
 // RuntimeConfig (1.x), taking cgroupDriver from its own config.
 func TestKubeletRunsTheProvedEngineSimulated(t *testing.T) {
-	needProbeBinaries(t)
+	testenv.NeedProbeBinaries(t)
 	ctx := context.Background()
 	deploy := engineDeployment(t)
 	tmpl := deploy.Spec.Template

@@ -30,7 +30,7 @@ type pinView struct {
 // at containerd's limit (here, a node of 160 GPUs) is said to be cut, not
 // shown as a pin without simulated checks.
 func TestCLISimulatedPinsSayWhatWasSimulated(t *testing.T) {
-	needProbeBinaries(t)
+	testenv.NeedProbeBinaries(t)
 	glibc, err := sandbox.GlibcLayer()
 	if err != nil {
 		t.Fatal(err)

@@ -20,7 +20,7 @@ import (
 // from the registry; the next Pins (what provision, `gpupin pins` and the
 // agent read) restores it, and the plan answers from the pin again.
 func TestPlanSimulatedReadsPinsWithoutRestoring(t *testing.T) {
-	needProbeBinaries(t)
+	testenv.NeedProbeBinaries(t)
 	reg := testenv.Registry(t)
 	rt := testenv.Runtime(t)
 	ctx := context.Background()

@@ -28,7 +28,7 @@ const selfTestOK = `echo "GPUPIN-PROBE {\"ok\":true,\"devices\":$GPUPIN_SIM_DEVI
 // Before, `gpupin probe` read the local config's labels only and ran the
 // cuda probe in both. On both registries.
 func TestCLISimulatedProbeRunsWhatProvisionRuns(t *testing.T) {
-	needProbeBinaries(t)
+	testenv.NeedProbeBinaries(t)
 	ctx := context.Background()
 	for _, reg := range testenv.Registries(t) {
 		t.Run(reg.Name, func(t *testing.T) {

@@ -3,10 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -16,32 +13,6 @@ import (
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/probe"
 )
-
-var (
-	binsOnce sync.Once
-	binsErr  error
-)
-
-// needProbeBinaries puts gpupin-cuda-probe and gpupin-sim-probe where the
-// gpupin binary finds them (GPUPIN_LIBDIR, inherited), unless the harness
-// already did.
-func needProbeBinaries(t *testing.T) {
-	t.Helper()
-	binsOnce.Do(func() {
-		if dir := os.Getenv(probe.EnvLibDir); dir != "" {
-			if _, err := os.Stat(filepath.Join(dir, probe.SimProbeName)); err == nil {
-				return
-			}
-		}
-		dir := filepath.Join(testenv.Containerd(t).Dir, "probe-bin")
-		if binsErr = sandbox.BuildProbeBinaries(context.Background(), dir); binsErr == nil {
-			binsErr = os.Setenv(probe.EnvLibDir, dir)
-		}
-	})
-	if binsErr != nil {
-		t.Fatal(binsErr)
-	}
-}
 
 // publishOne pushes img as the one variant (cu129, cuda probe) of host/name:1.0.
 func publishOne(t *testing.T, reg *sandbox.Registry, name string, img v1.Image) string {
@@ -60,7 +31,7 @@ func publishOne(t *testing.T, reg *sandbox.Registry, name string, img v1.Image) 
 // and says which checks were simulated; an image the probe cannot run in
 // fails with the reason.
 func TestCLISimulatedProbeRunsTheImagesOwnProbe(t *testing.T) {
-	needProbeBinaries(t)
+	testenv.NeedProbeBinaries(t)
 	reg := testenv.Registry(t)
 	glibc, err := sandbox.GlibcLayer()
 	if err != nil {

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/opencontainers/go-digest"
 
@@ -42,10 +41,6 @@ func newProvisioner(t *testing.T, rt *runtime.Runtime, nodes node.Reader, timeou
 	}
 	return testenv.Provisioner(t, rt, provision.WithNode(nodes), provision.WithOverrides(provision.NoOverrides()),
 		provision.WithLockDir(t.TempDir()), provision.WithProbeTimeout(timeout), provision.WithProbeDir(t.TempDir()))
-}
-
-func nsCtx(rt *runtime.Runtime) context.Context {
-	return namespaces.WithNamespace(context.Background(), rt.Namespace())
 }
 
 func publish(t *testing.T, reg *sandbox.Registry, engine string, v sandbox.EngineVariant) string {
@@ -91,7 +86,7 @@ func samePins(t *testing.T, rt *runtime.Runtime, before []runtime.Pin) {
 // gpupinRecords lists image records that carry any io.gpupin label.
 func gpupinRecords(t *testing.T, rt *runtime.Runtime) []string {
 	t.Helper()
-	imgs, err := rt.Client().ImageService().List(nsCtx(rt))
+	imgs, err := rt.Client().ImageService().List(testenv.Context(rt))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +109,7 @@ func gpupinRecords(t *testing.T, rt *runtime.Runtime) []string {
 // containers, tasks, active snapshots, leases, unpinned gpupin records.
 func leftovers(t *testing.T, rt *runtime.Runtime, snapshotter string) []string {
 	t.Helper()
-	ctx := nsCtx(rt)
+	ctx := testenv.Context(rt)
 	cl := rt.Client()
 	var out []string
 	conts, err := cl.Containers(ctx)
@@ -188,7 +183,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // probeRunning reports whether a probe container of the namespace has a
 // running task.
 func probeRunning(rt *runtime.Runtime) bool {
-	ctx := nsCtx(rt)
+	ctx := testenv.Context(rt)
 	conts, err := rt.Client().Containers(ctx, fmt.Sprintf(`labels.%q==probe`, runtime.LabelRole))
 	if err != nil {
 		return false
@@ -205,7 +200,7 @@ func probeRunning(rt *runtime.Runtime) bool {
 
 // probePids counts the processes of the namespace's probe tasks.
 func probePids(rt *runtime.Runtime) int {
-	ctx := nsCtx(rt)
+	ctx := testenv.Context(rt)
 	conts, err := rt.Client().Containers(ctx, fmt.Sprintf(`labels.%q==probe`, runtime.LabelRole))
 	if err != nil {
 		return 0

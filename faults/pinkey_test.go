@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -46,7 +47,7 @@ func childOf(ctx context.Context, ref string) (string, error) {
 
 func labelsOf(t *testing.T, rt *runtime.Runtime, name string) map[string]string {
 	t.Helper()
-	img, err := rt.Client().ImageService().Get(nsCtx(rt), name)
+	img, err := rt.Client().ImageService().Get(testenv.Context(rt), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,7 @@ func TestSimulatedConcurrentClaimsLeaveOnePin(t *testing.T) {
 		if len(of) != 1 {
 			t.Fatalf("round %d: %d pins of demo:1.0 (%v); statuses %v", round, len(of), of, sts)
 		}
-		imgs, _ := rt.Client().ImageService().List(nsCtx(rt), fmt.Sprintf(`labels.%q==%q`, runtime.LabelPin, "demo:1.0"))
+		imgs, _ := rt.Client().ImageService().List(testenv.Context(rt), fmt.Sprintf(`labels.%q==%q`, runtime.LabelPin, "demo:1.0"))
 		if len(imgs) != 1 {
 			t.Fatalf("round %d: %d records labelled the pin of demo:1.0", round, len(imgs))
 		}
@@ -296,7 +297,7 @@ func TestConcurrentSetPinLeavesOnePin(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		imgs, _ := rt.Client().ImageService().List(nsCtx(rt), fmt.Sprintf(`labels.%q==%q`, runtime.LabelPin, "demo:1.0"))
+		imgs, _ := rt.Client().ImageService().List(testenv.Context(rt), fmt.Sprintf(`labels.%q==%q`, runtime.LabelPin, "demo:1.0"))
 		if len(imgs) != 1 {
 			t.Fatalf("round %d: %d records are the pin", round, len(imgs))
 		}
@@ -319,11 +320,11 @@ func TestSimulatedRepointedPinIsTampered(t *testing.T) {
 	mustReady(t, o)
 
 	is := rt.Client().ImageService()
-	rec, err := is.Get(nsCtx(rt), st.Pinned)
+	rec, err := is.Get(testenv.Context(rt), st.Pinned)
 	if err != nil {
 		t.Fatal(err)
 	}
-	otherRec, err := is.Get(nsCtx(rt), o.Pinned)
+	otherRec, err := is.Get(testenv.Context(rt), o.Pinned)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +332,7 @@ func TestSimulatedRepointedPinIsTampered(t *testing.T) {
 		t.Fatal("the two test images are the same image")
 	}
 	rec.Target = otherRec.Target // labels kept
-	if _, err := is.Update(nsCtx(rt), rec, "target"); err != nil {
+	if _, err := is.Update(testenv.Context(rt), rec, "target"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -381,10 +382,10 @@ func TestSimulatedRepointedPinIsTampered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !contains(got.Removed, st.Pinned) {
+	if !slices.Contains(got.Removed, st.Pinned) {
 		t.Fatalf("gc kept the tampered record: %+v", got)
 	}
-	if _, err := is.Get(nsCtx(rt), o.Pinned); err != nil {
+	if _, err := is.Get(testenv.Context(rt), o.Pinned); err != nil {
 		t.Fatalf("gc took the other engine's pin: %v", err)
 	}
 	mustReady(t, p.Provision(ctx, provision.Want{Ref: ref}))
@@ -409,16 +410,16 @@ func TestSimulatedTamperedRecordHoldsItsKey(t *testing.T) {
 	o := p.Provision(ctx, provision.Want{Ref: other})
 	mustReady(t, o)
 	is := rt.Client().ImageService()
-	rec, err := is.Get(nsCtx(rt), st.Pinned)
+	rec, err := is.Get(testenv.Context(rt), st.Pinned)
 	if err != nil {
 		t.Fatal(err)
 	}
-	otherRec, err := is.Get(nsCtx(rt), o.Pinned)
+	otherRec, err := is.Get(testenv.Context(rt), o.Pinned)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec.Target = otherRec.Target
-	if _, err := is.Update(nsCtx(rt), rec, "target"); err != nil {
+	if _, err := is.Update(testenv.Context(rt), rec, "target"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -452,13 +453,4 @@ func TestSimulatedTamperedRecordHoldsItsKey(t *testing.T) {
 	if pin, err := rt.PinToRun(ctx, "demo:1.0"); err != nil || pin.Source != third {
 		t.Fatalf("after unpin: %+v, %v; want the pin from %s", pin, err, third)
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

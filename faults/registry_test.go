@@ -89,7 +89,7 @@ func registryDiesMidPull(t *testing.T, keep bool) {
 		if stored {
 			waitFor(t, "the other layers in the content store", func() bool {
 				for _, d := range complete {
-					if _, err := cs.Info(nsCtx(rt), digestOf(d)); err != nil {
+					if _, err := cs.Info(testenv.Context(rt), digestOf(d)); err != nil {
 						return false
 					}
 				}
@@ -98,7 +98,7 @@ func registryDiesMidPull(t *testing.T, keep bool) {
 		} else {
 			waitFor(t, "the other layers' snapshots committed", func() bool {
 				done := map[string]bool{}
-				sn.Walk(nsCtx(rt), func(_ context.Context, i snapshots.Info) error {
+				sn.Walk(testenv.Context(rt), func(_ context.Context, i snapshots.Info) error {
 					if i.Kind == snapshots.KindCommitted {
 						done[i.Labels[snapshots.LabelSnapshotDiffID]] = true
 					}
@@ -152,7 +152,7 @@ func registryDiesMidPull(t *testing.T, keep bool) {
 	}
 	// A retry stores what it downloads, so that a third attempt would
 	// resume where a second cut fell.
-	if _, err := cs.Info(nsCtx(rt), digestOf(victimDigest)); err != nil {
+	if _, err := cs.Info(testenv.Context(rt), digestOf(victimDigest)); err != nil {
 		t.Errorf("the retry did not store the cut layer: %v", err)
 	}
 	if left := leftovers(t, rt, "overlayfs"); len(left) != 0 {

@@ -122,7 +122,7 @@ func TestFaultReplicaBoxSimulated(t *testing.T) {
 // host (no cgroupfs is mounted inside); nil until its task runs.
 func replicaLimits(t *testing.T, rt *runtime.Runtime, id string) []string {
 	t.Helper()
-	ctx := nsCtx(rt)
+	ctx := testenv.Context(rt)
 	c, err := rt.Client().LoadContainer(ctx, id)
 	if err != nil {
 		return nil
@@ -162,7 +162,7 @@ func replicaLimits(t *testing.T, rt *runtime.Runtime, id string) []string {
 // exec, with the replica's own process spec.
 func finishReplica(t *testing.T, rt *runtime.Runtime, id string) {
 	t.Helper()
-	ctx := nsCtx(rt)
+	ctx := testenv.Context(rt)
 	c, err := rt.Client().LoadContainer(ctx, id)
 	if err != nil {
 		t.Fatal(err)

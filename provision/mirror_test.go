@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"strings"
 	"testing"
 
@@ -56,14 +55,14 @@ func TestProvisionSimulatedThroughMirrorKeepsUpstreamName(t *testing.T) {
 			if !strings.HasPrefix(st.Pinned, upstream+"/demo@sha256:") || st.Pin == nil || st.Pin.Source != ref {
 				t.Fatalf("pinned %s, pin %+v: want the upstream name", st.Pinned, st.Pin)
 			}
-			img, err := rt.Client().ImageService().Get(nsCtx(rt), st.Pinned)
+			img, err := rt.Client().ImageService().Get(testenv.Context(rt), st.Pinned)
 			if err != nil {
 				t.Fatalf("no record under the upstream name %s: %v", st.Pinned, err)
 			}
 			if got := img.Labels[runtime.LabelSource]; got != ref {
 				t.Errorf("%s = %q, want %q", runtime.LabelSource, got, ref)
 			}
-			all, err := rt.Client().ImageService().List(nsCtx(rt))
+			all, err := rt.Client().ImageService().List(testenv.Context(rt))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,7 +127,7 @@ func TestProvisionSimulatedNamesEveryHostTried(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			deleteBlob(t, reg.Host, "demo", ld.String())
+			testenv.DeleteBlob(t, reg.Host, "demo", ld.String())
 			p, _ := mirrorProvisioner(t, mirrorOf(reg.Host))
 			st := p.Provision(ctx, provision.Want{Ref: upstream + "/demo:1.0"})
 			if st.State != provision.Failed || len(st.Attempts) != 1 || st.Attempts[0].Stage != "pull" {
@@ -149,32 +148,5 @@ func TestProvisionSimulatedNamesEveryHostTried(t *testing.T) {
 				t.Errorf("pulled ref %s: want the upstream name", pe.Ref)
 			}
 		})
-	}
-}
-
-// deleteBlob removes a blob from a plain-HTTP loopback registry (both
-// implementations allow it).
-func deleteBlob(t *testing.T, host, repo, digest string) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodDelete, "http://"+host+"/v2/"+repo+"/blobs/"+digest, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted && resp.StatusCode != http.StatusOK {
-		t.Fatalf("delete %s: %s", digest, resp.Status)
-	}
-	// Gone for readers too, not only unlinked.
-	get, err := http.Get("http://" + host + "/v2/" + repo + "/blobs/" + digest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	get.Body.Close()
-	if get.StatusCode != http.StatusNotFound {
-		t.Fatalf("blob %s after delete: %s", digest, get.Status)
 	}
 }

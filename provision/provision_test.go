@@ -15,6 +15,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
@@ -85,7 +86,7 @@ func TestProvisionSimulatedPicksVariantAndPinsIt(t *testing.T) {
 		t.Fatalf("status %+v; want cu129 pinned as %s", st, want)
 	}
 	// The child was pulled by digest: the record is named by it.
-	if _, err := e.rt.Client().ImageService().Get(nsCtx(e.rt), want); err != nil {
+	if _, err := e.rt.Client().ImageService().Get(testenv.Context(e.rt), want); err != nil {
 		t.Fatalf("no image record %s: %v", want, err)
 	}
 	// The probe container's own view of its box.
@@ -98,7 +99,7 @@ func TestProvisionSimulatedPicksVariantAndPinsIt(t *testing.T) {
 	if len(st.Rejected) != 1 || st.Rejected[0].Variant != "cu13" || !strings.Contains(st.Rejected[0].Reason, "supports CUDA 12.9") {
 		t.Errorf("rejected = %+v", st.Rejected)
 	}
-	img, err := e.rt.Client().ImageService().Get(nsCtx(e.rt), want)
+	img, err := e.rt.Client().ImageService().Get(testenv.Context(e.rt), want)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func TestProvisionSimulatedAutoFallsBack(t *testing.T) {
 		t.Errorf("detail does not name both: %s", st.Detail)
 	}
 	// The failed candidate's record is gone; only the pin remains.
-	if _, err := e.rt.Client().ImageService().Get(nsCtx(e.rt), e.childRef(t, "cu13")); err == nil {
+	if _, err := e.rt.Client().ImageService().Get(testenv.Context(e.rt), e.childRef(t, "cu13")); err == nil {
 		t.Error("the failed cu13 candidate's image record was kept")
 	}
 	assertNoLeftovers(t, e.rt)
@@ -320,13 +321,9 @@ func TestProvisionSimulatedConcurrentSameEngineOnePull(t *testing.T) {
 	}
 }
 
-func nsCtx(rt *runtime.Runtime) context.Context {
-	return withNamespace(context.Background(), rt.Namespace())
-}
-
 func assertNoLeftovers(t *testing.T, rt *runtime.Runtime) {
 	t.Helper()
-	ctx := nsCtx(rt)
+	ctx := testenv.Context(rt)
 	conts, err := rt.Client().Containers(ctx)
 	if err != nil {
 		t.Fatal(err)

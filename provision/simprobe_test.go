@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,32 +25,6 @@ import (
 // in real containers of images made for it: a Debian root filesystem with
 // a real (CPU-only) PyTorch, scratch, static busybox, a distroless-style
 // glibc image without a shell.
-
-var (
-	binsOnce sync.Once
-	binsErr  error
-)
-
-// needProbeBinaries makes gpupin-cuda-probe and gpupin-sim-probe findable
-// through GPUPIN_LIBDIR, building them into the package daemon's directory
-// (removed with it) unless the harness already did.
-func needProbeBinaries(t *testing.T) {
-	t.Helper()
-	binsOnce.Do(func() {
-		if dir := os.Getenv(probe.EnvLibDir); dir != "" {
-			if _, err := os.Stat(filepath.Join(dir, probe.SimProbeName)); err == nil {
-				return
-			}
-		}
-		dir := filepath.Join(testenv.Containerd(t).Dir, "probe-bin")
-		if binsErr = sandbox.BuildProbeBinaries(context.Background(), dir); binsErr == nil {
-			binsErr = os.Setenv(probe.EnvLibDir, dir)
-		}
-	})
-	if binsErr != nil {
-		t.Fatal(binsErr)
-	}
-}
 
 // variantImage is one image of a published test engine, with its metadata.
 type variantImage struct {
@@ -247,7 +220,7 @@ func TestSimulatedTorchProbeInRealPython(t *testing.T) {
 // TestSimulatedCUDAProbeNeedsGlibc runs the cuda probe in images without a
 // glibc loader: it cannot start there on any node, and the reason says so.
 func TestSimulatedCUDAProbeNeedsGlibc(t *testing.T) {
-	needProbeBinaries(t)
+	testenv.NeedProbeBinaries(t)
 	ctx := context.Background()
 	app, err := sandbox.FileLayer(map[string][]byte{"app/engine": []byte("#!not really\n")})
 	if err != nil {
@@ -285,7 +258,7 @@ func TestSimulatedCUDAProbeNeedsGlibc(t *testing.T) {
 // TestSimulatedDistrolessImage runs probes in an image with glibc and
 // nothing else, no shell: the cuda probe and the sim probe both need none.
 func TestSimulatedDistrolessImage(t *testing.T) {
-	needProbeBinaries(t)
+	testenv.NeedProbeBinaries(t)
 	ctx := context.Background()
 	glibc, err := sandbox.GlibcLayer()
 	if err != nil {

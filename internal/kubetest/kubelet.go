@@ -52,6 +52,7 @@ type Kubelet struct {
 // waits until it serves. A missing binary fails the test: CI builds it.
 func StartKubelet(t testing.TB, opts KubeletOptions) *Kubelet {
 	t.Helper()
+	skipShort(t)
 	bin := filepath.Join(Tools(), "kubelet")
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("kubetest: kubelet missing (%v): run scripts/kube-tools.sh (scripts/deps.sh does)", err)

@@ -395,6 +395,7 @@ func (c *Cluster) writeFiles() error {
 // manifests applied.
 func StartT(t testing.TB, manifests []string, users ...User) *Cluster {
 	t.Helper()
+	skipShort(t)
 	c, err := Start(users...)
 	if err != nil {
 		t.Fatal(err)
@@ -404,4 +405,12 @@ func StartT(t testing.TB, manifests []string, users ...User) *Cluster {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// skipShort: a cluster is daemons; the fast tier (-short) runs none.
+func skipShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: starts etcd and kube-apiserver (make test runs it)")
+	}
 }

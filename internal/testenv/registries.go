@@ -2,10 +2,13 @@ package testenv
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
 
 	"github.com/gpupin/gpupin/internal/sandbox"
 )
@@ -107,4 +110,41 @@ func Crictl(t testing.TB) string {
 		t.Fatalf("crictl is not installed (scripts/deps.sh builds it into %s): %v", ToolsDir(), err)
 	}
 	return p
+}
+
+// DeleteBlob removes a blob from a plain-HTTP loopback registry (both
+// implementations allow it), and checks that readers no longer get it.
+func DeleteBlob(t testing.TB, host, repo, digest string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodDelete, "http://"+host+"/v2/"+repo+"/blobs/"+digest, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted && resp.StatusCode != http.StatusOK {
+		t.Fatalf("delete %s: %s", digest, resp.Status)
+	}
+	// Gone for readers too, not only unlinked.
+	get, err := http.Get("http://" + host + "/v2/" + repo + "/blobs/" + digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get.Body.Close()
+	if get.StatusCode != http.StatusNotFound {
+		t.Fatalf("blob %s after delete: %s", digest, get.Status)
+	}
+}
+
+// MustRef parses a reference as go-containerregistry does, or fails the test.
+func MustRef(t testing.TB, s string) name.Reference {
+	t.Helper()
+	r, err := name.ParseReference(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

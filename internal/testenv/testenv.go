@@ -23,6 +23,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
@@ -197,4 +199,10 @@ func Provisioner(t testing.TB, rt provision.Runtime, opts ...provision.Option) *
 		t.Fatal(err)
 	}
 	return p
+}
+
+// Context is a background context in rt's namespace, for calls a test
+// makes on rt's client directly.
+func Context(rt *runtime.Runtime) context.Context {
+	return namespaces.WithNamespace(context.Background(), rt.Namespace())
 }
