@@ -16,7 +16,7 @@ DAEMON_PKGS ?= ./runtime/... ./e2e/... ./faults/...
 STATICCHECK ?= $(GPUPIN_TOOLS)/staticcheck
 TESTFLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all deps deps-demo dist test-dist build build-nocgo image demo test check test-helm test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish fuzz clean
+.PHONY: all deps deps-demo dist test-dist build build-nocgo image demo test test-short check test-helm test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish fuzz clean
 
 all: build
 
@@ -107,6 +107,11 @@ check:
 # -tags nonvml: Helm brings Go's plugin package (through kustomize), whose
 # binaries bind every C symbol at start, and NVML's exist only where a
 # driver is; the chart's test needs no NVML.
+# The fast tier: no daemon, no root (README). Not part of `make test`,
+# which runs everything in it too, against real parts.
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
 test-helm:
 	cd tools/helm && $(GO) test -tags nonvml $(TESTFLAGS) .
 

@@ -5,6 +5,8 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +27,13 @@ import (
 var gpupinBin string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		// Every test here runs the built binary, most against a daemon:
+		// none is the fast tier's.
+		fmt.Println("e2e: -short: skipped (make test runs it)")
+		os.Exit(0)
+	}
 	dir, err := os.MkdirTemp("", "gpupin-e2e-bin-")
 	if err != nil {
 		panic(err)

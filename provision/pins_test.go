@@ -6,7 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/runtime"
 )
@@ -54,5 +57,32 @@ func TestPinsAndRunPinnedSimulated(t *testing.T) {
 	}
 	if _, err := e.p.RunPinned(ctx, "demo:2.0", runtime.RunSpec{Args: []string{"true"}}, nil); !errors.Is(err, runtime.ErrNoPin) {
 		t.Fatalf("run of a key without a pin: %v; want ErrNoPin", err)
+	}
+}
+
+// `gpupin pins` only reads: a pin another client of containerd deleted is
+// not put back by the listing (a provision, the agent's pass or the
+// runtime's repairing Pins does that).
+func TestPinsListingWritesNothingSimulated(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{cu13})
+	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
+	if st.State != provision.Ready {
+		t.Fatalf("%s", st)
+	}
+	images := e.rt.Client().ImageService()
+	if err := images.Delete(testenv.Context(e.rt), st.Pinned); err != nil {
+		t.Fatal(err)
+	}
+	pins, err := e.p.Pins(ctx, false)
+	if err != nil || len(pins) != 0 {
+		t.Fatalf("listing after another client deleted the pin: %+v, %v; want none", pins, err)
+	}
+	if _, err := images.Get(testenv.Context(e.rt), st.Pinned); !errdefs.IsNotFound(err) {
+		t.Fatalf("the listing put the record back (get: %v)", err)
+	}
+	// The repairing reading does put it back: the difference is the point.
+	if restored, err := e.rt.Pins(ctx); err != nil || len(restored) != 1 || restored[0].Ref != st.Pinned {
+		t.Fatalf("runtime Pins: %+v, %v; want %s restored", restored, err, st.Pinned)
 	}
 }
