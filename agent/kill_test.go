@@ -30,6 +30,7 @@ import (
 // compile, into a temporary directory.
 func buildBinaries(t *testing.T) string {
 	t.Helper()
+	testenv.Daemons(t)
 	dir := t.TempDir()
 	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/gpupin", "./examples/agent")
 	cmd.Dir = ".."

@@ -219,6 +219,7 @@ func probePids(rt *runtime.Runtime) int {
 // buildGpupin builds cmd/gpupin into the test's temporary directory.
 func buildGpupin(t *testing.T) string {
 	t.Helper()
+	testenv.Daemons(t)
 	bin := filepath.Join(t.TempDir(), "gpupin")
 	cmd := exec.Command("go", "build", "-o", bin, "github.com/gpupin/gpupin/cmd/gpupin")
 	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")

@@ -24,6 +24,7 @@ var (
 // no-library case is tested on GPU machines too.
 func buildProbe(t *testing.T) (bin, absentBin string) {
 	t.Helper()
+	skipShort(t)
 	buildOnce.Do(func() {
 		binDir, buildErr = os.MkdirTemp("", "gpupin-cuda-probe-test-")
 		if buildErr != nil {
@@ -58,6 +59,7 @@ func TestMain(m *testing.M) {
 // fakeLib compiles testdata/fakecuda.c into dir/libcuda.so.1.
 func fakeLib(t *testing.T, defines ...string) string {
 	t.Helper()
+	skipShort(t)
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
 		t.Fatalf("gcc is needed to build the stand-in libcuda.so.1: %v", err)
@@ -200,5 +202,14 @@ func TestBinaryWithForeignLibrary(t *testing.T) {
 	v, err := probe.Parse(out, code)
 	if code != 1 || v == nil || !strings.Contains(err.Error(), "cannot count CUDA devices: libcuda.so.1 has no cuDeviceGetCount") {
 		t.Fatalf("exit %d, verdict %+v, err %v; want a failed verdict naming the missing symbol", code, v, err)
+	}
+}
+
+// skipShort: building the probe and the stand-in libcuda takes the go and
+// gcc toolchains' time; the fast tier (-short) does neither.
+func skipShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: builds the probe or a stand-in libcuda (make test runs it)")
 	}
 }

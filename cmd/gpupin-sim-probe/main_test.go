@@ -167,6 +167,9 @@ func TestSimProbeSimulatedDiagnostics(t *testing.T) {
 // buildBinary builds the sim probe as the Makefile does.
 func buildBinary(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: builds the binary (make test runs it)")
+	}
 	bin := filepath.Join(t.TempDir(), probe.SimProbeName)
 	cmd := exec.Command("go", "build", "-o", bin, ".")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
