@@ -1,19 +1,12 @@
 package provision_test
 
 import (
-	"context"
 	"errors"
 	"testing"
-
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
 )
-
-func withNamespace(ctx context.Context, ns string) context.Context {
-	return namespaces.WithNamespace(ctx, ns)
-}
 
 // probeFailure is the *probe.Failure beneath a failed status, reached as a
 // caller reaches it: through Status.Err, classed ErrAllFailed.
