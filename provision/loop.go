@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpupin/gpupin/runtime"
+	"github.com/gpupin/gpupin/containerd"
 )
 
 // LoopOptions tune a Loop.
@@ -342,7 +342,7 @@ func (l *Loop) Run(ctx context.Context) error {
 // leases, candidate records), where the runtime can.
 func (l *Loop) sweep(ctx context.Context) {
 	sw, ok := l.p.rt.(interface {
-		Sweep(context.Context) (runtime.Swept, error)
+		Sweep(context.Context) (containerd.Swept, error)
 	})
 	if !ok {
 		return

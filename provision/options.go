@@ -6,9 +6,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // Defaults, the same the CLI uses: an embedded agent and an operator's
@@ -33,12 +33,12 @@ type config struct {
 	ProbeTimeout    time.Duration
 	ProbeMemory     uint64
 	ProbePids       int64
-	GPUs            *runtime.GPUs
+	GPUs            *containerd.GPUs
 	ProbeDir        string
 	CUDAProbeBinary string
 	SimProbeBinary  string
 	DefaultProbe    string
-	Progress        func(key string, p runtime.Progress)
+	Progress        func(key string, p containerd.Progress)
 	OnState         []func(Status)
 	Prefetch        int64 // WithPrefetch (prefetch.go)
 	Logger          *slog.Logger
@@ -112,7 +112,7 @@ func WithProbeLimits(memory uint64, pids int64) Option {
 
 // WithGPUs sets how GPUs reach the probe; default CDI with every GPU, and
 // none on a simulated node.
-func WithGPUs(g runtime.GPUs) Option { return func(c *config) { c.GPUs = &g } }
+func WithGPUs(g containerd.GPUs) Option { return func(c *config) { c.GPUs = &g } }
 
 // WithProbeDir sets where probe programs are staged on the host.
 func WithProbeDir(dir string) Option { return func(c *config) { c.ProbeDir = dir } }
@@ -129,7 +129,7 @@ func WithSimProbe(path string) Option { return func(c *config) { c.SimProbeBinar
 func WithDefaultProbe(kind string) Option { return func(c *config) { c.DefaultProbe = kind } }
 
 // WithProgress receives pull progress.
-func WithProgress(fn func(key string, p runtime.Progress)) Option {
+func WithProgress(fn func(key string, p containerd.Progress)) Option {
 	return func(c *config) { c.Progress = fn }
 }
 
