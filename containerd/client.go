@@ -5,42 +5,37 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/defaults"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 
+	"github.com/gpupin/gpupin/containerd/conn"
+	"github.com/gpupin/gpupin/containerd/pins"
+	"github.com/gpupin/gpupin/containerd/pull"
+	"github.com/gpupin/gpupin/containerd/run"
 	"github.com/gpupin/gpupin/registry"
 )
 
-// Labels gpupin puts on what it creates, so it can find it again.
-const (
-	LabelManaged = "io.gpupin.managed" // on every record gpupin made
-	LabelOwner   = "io.gpupin.owner"   // pid:starttime:pidns of the process that made a transient record
-	LabelRole    = "io.gpupin.role"    // candidate, probe, replica
-	// LabelCreated marks image records gpupin created itself; gc deletes
-	// only those, and only lets go of records it adopted (a record kubelet
-	// pulled that gpupin then proved and pinned).
-	LabelCreated = "io.gpupin.created"
-)
-
-// Runtime talks to one containerd namespace.
+// Runtime talks to one containerd namespace, through its three parts.
 type Runtime struct {
-	client      *client.Client
+	conn *conn.Conn
+	pull *pull.Puller
+	pins *pins.Store
+	run  *run.Runner
+	opts options
+}
+
+// options are what the Opts set, for Connect to hand to the parts.
+type options struct {
 	namespace   string
 	snapshotter string
 	registry    *registry.Policy
 	runcRoot    string
 	fifoDir     string
 	cdiDirs     []string
-	localPrefix string // of the node-local names (local.go)
-	keepLayers  bool   // store every layer's blob, even one extracted here (direct.go)
-	flush       *flusher
-
-	foreignMu sync.Mutex
-	onForeign func(Recovered) // OnForeign
+	localPrefix string // of the node-local names (pins/local.go)
+	keepLayers  bool   // store every layer's blob, even one extracted here (pull/direct.go)
 }
 
 // Opt configures a Runtime.
@@ -53,36 +48,36 @@ type Opt func(*Runtime)
 func WithNamespace(ns string) Opt {
 	return func(r *Runtime) {
 		if ns != "" {
-			r.namespace = ns
+			r.opts.namespace = ns
 		}
 	}
 }
 
 // WithSnapshotter sets the snapshotter (default overlayfs).
-func WithSnapshotter(s string) Opt { return func(r *Runtime) { r.snapshotter = s } }
+func WithSnapshotter(s string) Opt { return func(r *Runtime) { r.opts.snapshotter = s } }
 
 // WithRegistry sets how registries are reached (certs.d mirrors, TLS,
 // plain HTTP, credentials, timeouts): pass the policy manifest resolution
 // uses too, so that what is resolved is what is pulled. Default:
 // registry.New's defaults.
-func WithRegistry(p *registry.Policy) Opt { return func(r *Runtime) { r.registry = p } }
+func WithRegistry(p *registry.Policy) Opt { return func(r *Runtime) { r.opts.registry = p } }
 
 // WithRuncRoot moves runc's state directory (tests keep it out of /run/runc).
-func WithRuncRoot(dir string) Opt { return func(r *Runtime) { r.runcRoot = dir } }
+func WithRuncRoot(dir string) Opt { return func(r *Runtime) { r.opts.runcRoot = dir } }
 
 // WithFIFODir sets where the containers' stdio FIFOs are made.
-func WithFIFODir(dir string) Opt { return func(r *Runtime) { r.fifoDir = dir } }
+func WithFIFODir(dir string) Opt { return func(r *Runtime) { r.opts.fifoDir = dir } }
 
 // WithCDISpecDirs sets where CDI specs are read (default /etc/cdi, /var/run/cdi).
-func WithCDISpecDirs(dirs ...string) Opt { return func(r *Runtime) { r.cdiDirs = dirs } }
+func WithCDISpecDirs(dirs ...string) Opt { return func(r *Runtime) { r.opts.cdiDirs = dirs } }
 
 // WithKeepLayers stores every layer blob a pull downloads in the content
 // store, as containerd's own pull does, for ctr export, a push from the node, or a
 // pull that resumes. By default a layer this process extracted while it
 // downloaded, and verified, is not stored: a node runs from its snapshots,
 // and storing the blob costs the daemon a write, a hash and an fsync of
-// every byte, and the node the disk (direct.go).
-func WithKeepLayers(keep bool) Opt { return func(r *Runtime) { r.keepLayers = keep } }
+// every byte, and the node the disk (pull/direct.go).
+func WithKeepLayers(keep bool) Opt { return func(r *Runtime) { r.opts.keepLayers = keep } }
 
 // Defaults of Connect and its options, which the CLI's flags name.
 const (
@@ -97,25 +92,32 @@ const (
 // default (static specs first, then generated ones).
 func DefaultCDIDirs() []string { return []string{"/etc/cdi", "/var/run/cdi"} }
 
+// WithLocalPrefix sets the prefix of the node-local names (default
+// DefaultLocalPrefix): a registry host, optionally with a path
+// ("registry.internal/gpupin"). Connect refuses one that does not make
+// references.
+func WithLocalPrefix(prefix string) Opt { return func(r *Runtime) { r.opts.localPrefix = prefix } }
+
 // Connect dials containerd and checks that it answers.
 func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error) {
-	r := &Runtime{namespace: DefaultNamespace, snapshotter: DefaultSnapshotter, cdiDirs: DefaultCDIDirs(), flush: newFlusher()}
+	r := &Runtime{opts: options{namespace: DefaultNamespace, snapshotter: DefaultSnapshotter, cdiDirs: DefaultCDIDirs()}}
 	for _, o := range opts {
 		o(r)
 	}
-	if r.registry == nil {
-		r.registry = registry.New(registry.Config{})
+	o := &r.opts
+	if o.registry == nil {
+		o.registry = registry.New(registry.Config{})
 	}
-	if r.localPrefix == "" {
-		r.localPrefix = DefaultLocalPrefix
+	if o.localPrefix == "" {
+		o.localPrefix = DefaultLocalPrefix
 	}
-	if err := checkLocalPrefix(r.localPrefix); err != nil {
+	if err := pins.CheckLocalPrefix(o.localPrefix); err != nil {
 		return nil, err
 	}
 	if _, err := os.Stat(address); err != nil {
 		return nil, fmt.Errorf("containerd socket %s: %w (is containerd running, and at that address?)", address, err)
 	}
-	c, err := client.New(address, client.WithDefaultNamespace(r.namespace), client.WithTimeout(10*time.Second))
+	c, err := client.New(address, client.WithDefaultNamespace(o.namespace), client.WithTimeout(10*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("connect to containerd at %s: %w", address, err)
 	}
@@ -125,25 +127,45 @@ func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error)
 		c.Close()
 		return nil, fmt.Errorf("containerd at %s does not answer: %w", address, err)
 	}
-	if r.fifoDir == "" {
-		r.fifoDir = filepath.Join(os.TempDir(), "gpupin-fifo")
+	if o.fifoDir == "" {
+		o.fifoDir = filepath.Join(os.TempDir(), "gpupin-fifo")
 	}
-	r.client = c
+	r.conn = &conn.Conn{Client: c, Namespace: o.namespace, Snapshotter: o.snapshotter, Registry: o.registry}
+	r.pull = pull.New(r.conn, o.keepLayers)
+	r.run = run.New(r.conn, o.runcRoot, o.fifoDir, o.cdiDirs)
+	r.pins = pins.New(r.conn, o.localPrefix, pins.Deps{Synced: r.pull.Sync, SweepProbes: r.run.SweepProbes})
 	return r, nil
 }
 
 // Close closes the connection.
 func (r *Runtime) Close() error {
-	r.flush.close()
-	return r.client.Close()
+	r.pull.Close()
+	return r.conn.Client.Close()
 }
 
 // Client exposes containerd's client for what this package does not wrap.
-func (r *Runtime) Client() *client.Client { return r.client }
+func (r *Runtime) Client() *client.Client { return r.conn.Client }
 
 // Namespace is the containerd namespace in use.
-func (r *Runtime) Namespace() string { return r.namespace }
+func (r *Runtime) Namespace() string { return r.conn.Namespace }
 
-func (r *Runtime) ctx(ctx context.Context) context.Context {
-	return namespaces.WithNamespace(ctx, r.namespace)
+// Registry is the policy pulls go through.
+func (r *Runtime) Registry() *registry.Policy { return r.conn.Registry }
+
+// WithLease runs fn under a lease that keeps what it fetches and creates
+// until it returns; the lease is labelled so a sweep removes it if this
+// process dies first.
+func (r *Runtime) WithLease(ctx context.Context, fn func(ctx context.Context) error) error {
+	return r.conn.WithLease(ctx, fn)
 }
+
+// The parts, for a caller that wants one of them alone.
+
+// Puller is the pull engine.
+func (r *Runtime) Puller() *pull.Puller { return r.pull }
+
+// Store is the pin store.
+func (r *Runtime) Store() *pins.Store { return r.pins }
+
+// Runner runs containers.
+func (r *Runtime) Runner() *run.Runner { return r.run }

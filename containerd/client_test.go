@@ -8,6 +8,8 @@ import (
 	"github.com/gpupin/gpupin/internal/testenv"
 )
 
+func TestMain(m *testing.M) { testenv.Main(m) }
+
 // An empty namespace (CONTAINERD_NAMESPACE= set but empty) keeps the
 // default: containerd refuses every call made in namespace "".
 func TestWithNamespaceEmptyKeepsTheDefault(t *testing.T) {

@@ -2,184 +2,43 @@ package containerd
 
 import (
 	"context"
-	"crypto/rand"
-	"fmt"
-	"strings"
-	"time"
 
-	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/images"
-	"github.com/containerd/containerd/v2/core/leases"
-	"github.com/containerd/errdefs"
-	"github.com/containerd/platforms"
-
-	"github.com/gpupin/gpupin/registry"
+	"github.com/gpupin/gpupin/containerd/pull"
 )
 
-// Pulled is an image that is in the content store and unpacked.
-type Pulled struct {
-	Name   string // the image record's name: the digested reference
-	Digest string
-	Size   int64
-	// Created is true when this pull made the record; false when a record
-	// (a pin, perhaps) already held it and nothing was fetched.
-	Created bool
-}
+// The pull engine's types and errors (package pull).
+type (
+	Pulled        = pull.Pulled
+	PullOptions   = pull.PullOptions
+	Progress      = pull.Progress
+	LayerStorage  = pull.LayerStorage
+	Decompressors = pull.Decompressors
+)
 
-// PullOptions tunes one pull.
-type PullOptions struct {
-	Platform string
-	Progress func(Progress)
-	// Labels go on a record this pull creates.
-	Labels map[string]string
-	// MediaType is what the reference was described as (the index
-	// entry's media type); the pull refuses an index where an image
-	// manifest was expected, and the reverse, before fetching anything
-	// below the root. "" checks nothing.
-	MediaType string
+// EnvUnpack selects how pulls unpack (pull/unpack.go).
+const EnvUnpack = pull.EnvUnpack
 
-	// prefetch fetches and unpacks under the caller's lease and makes no
-	// image record (Prefetch).
-	prefetch bool
-}
+var (
+	ErrMediaType        = pull.ErrMediaType
+	ErrNoRoomToPrefetch = pull.ErrNoRoomToPrefetch
+)
 
-// Pull fetches ref (a repo@sha256 reference) and unpacks it into the
-// snapshotter. It never writes over an existing record of that name:
-// containerd's Pull would replace that record's labels, and those labels
-// may be a pin. So the pull lands under a staging name of its own, and the
-// real record is then created, never updated.
+// FindDecompressors looks the commands up as a pull does.
+func FindDecompressors() Decompressors { return pull.FindDecompressors() }
+
+// Pull fetches ref (a repo@sha256 reference) and unpacks it, never
+// writing over an existing record of that name (pull.Puller.Pull).
 func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled, error) {
-	ctx = registry.LogContext(r.ctx(ctx))
-	if _, ok := leases.FromContext(ctx); !ok {
-		// A lease of our own, so a failed pull can hand what it fetched to
-		// the next attempt (keepPartial).
-		var p Pulled
-		err := r.WithLease(ctx, func(ctx context.Context) error {
-			var err error
-			p, err = r.Pull(ctx, ref, opts)
-			return err
-		})
-		return p, err
-	}
-	matcher := platforms.Default()
-	if opts.Platform != "" {
-		p, err := platforms.Parse(opts.Platform)
-		if err != nil {
-			return Pulled{}, fmt.Errorf("platform %q: %w", opts.Platform, err)
-		}
-		matcher = platforms.Only(p)
-	}
-	if rec, err := r.client.ImageService().Get(ctx, ref); err == nil {
-		if tampered(rec) {
-			// Its name says one image and it holds another: neither used
-			// nor overwritten (it may be evidence); gc removes it.
-			return Pulled{}, fmt.Errorf("pull: %w", tamperedError(ref, rec.Target.Digest))
-		}
-		if err := checkMediaType(ref, opts.MediaType, rec.Target.MediaType); err != nil {
-			return Pulled{}, err
-		}
-		img := client.NewImageWithPlatform(r.client, rec, matcher)
-		unpacked, err := img.IsUnpacked(ctx, r.snapshotter)
-		if err == nil && !unpacked {
-			err = img.Unpack(ctx, r.snapshotter)
-		}
-		if err == nil {
-			return Pulled{Name: rec.Name, Digest: rec.Target.Digest.String(), Size: rec.Target.Size}, nil
-		}
-		// Content gone under an existing record: fetch again, under the
-		// staging name; the record is left as it is.
-	} else if !errdefs.IsNotFound(err) {
-		return Pulled{}, fmt.Errorf("look up %s: %w", ref, err)
-	}
-
-	labels := map[string]string{LabelManaged: "true", LabelCreated: "true", LabelRole: "candidate", LabelOwner: owner}
-	for k, v := range opts.Labels {
-		labels[k] = v
-	}
-	tracker := newTracker(r.client.ContentStore(), ref, opts.Progress)
-	stop := tracker.start(ctx)
-	staging := ref + stagingSuffix + rand.Text()
-	is := r.client.ImageService()
-	// Whatever happens from here, the staging record goes: containerd may
-	// have made it even when its Pull fails (an unpack after the record).
-	defer cleanup(ctx, func(ctx context.Context) error { return is.Delete(ctx, staging) })
-	sr := &stagingResolver{Resolver: r.resolver(ctx), alias: staging, real: ref, mediaType: opts.MediaType}
-	strategy, err := r.strategy(ctx)
-	if err != nil {
-		stop(false)
-		return Pulled{}, err
-	}
-	pullOpts := append([]client.RemoteOpt{
-		client.WithResolver(sr),
-		client.WithPlatformMatcher(matcher),
-		client.WithPullSnapshotter(r.snapshotter),
-		client.WithPullLabels(labels),
-		client.WithImageHandler(images.HandlerFunc(tracker.observe)),
-		client.WithMaxConcurrentDownloads(4),
-	}, r.unpackOpts(strategy, r.newUnpacker(strategy, sr, staging, ref, tracker, r.storeLayers(ctx, strategy, ref)))...)
-	img, err := r.client.Pull(ctx, staging, pullOpts...)
-	stop(err == nil)
-	if err != nil && sr.refused != nil {
-		// Not what the caller was told it is: said plainly, without
-		// containerd's wrapping, and nothing is kept for a retry.
-		return Pulled{}, sr.refused
-	}
-	if err != nil {
-		err = r.registry.Explain(fmt.Errorf("pull %s: %w", ref, err), refHost(ref))
-		if worthKeeping(err) && !opts.prefetch {
-			if kerr := r.keepPartial(context.WithoutCancel(ctx), ref); kerr != nil {
-				err = fmt.Errorf("%w (and what it fetched is not kept for the next attempt: %v)", err, kerr)
-			}
-		}
-		return Pulled{}, err
-	}
-	// containerd skips unpacking a layer whose snapshot exists, without
-	// taking a reference to it; a collection running meanwhile may have
-	// removed it. Check, and unpack again under this pull's lease if so.
-	if ok, err := img.IsUnpacked(ctx, r.snapshotter); err == nil && !ok {
-		if err := img.Unpack(ctx, r.snapshotter); err != nil {
-			if errdefs.IsNotFound(err) {
-				err = fmt.Errorf("%w (a snapshot went during the pull, and the layers it extracted were not stored: the next attempt pulls again)", err)
-			}
-			return Pulled{}, fmt.Errorf("pull %s: unpack: %w", ref, err)
-		}
-	}
-	t := img.Target()
-	if opts.prefetch {
-		// Content and snapshots stay under the caller's lease; the pull
-		// that follows finds them and makes the record.
-		return Pulled{Name: ref, Digest: t.Digest.String(), Size: t.Size}, nil
-	}
-	created := true
-	if _, err := is.Create(ctx, images.Image{Name: ref, Target: t, Labels: labels}); errdefs.IsAlreadyExists(err) {
-		// Made meanwhile by another provision (perhaps pinned already): it
-		// is theirs, and stays as it is.
-		created = false
-	} else if err != nil {
-		return Pulled{}, fmt.Errorf("pull %s: create the image record: %w", ref, err)
-	}
-	// The record holds everything now; an earlier failure's keep is done.
-	// Best effort: the lease expires by itself.
-	r.client.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: partialLeaseID(ref)})
-	return Pulled{Name: ref, Digest: t.Digest.String(), Size: t.Size, Created: created}, nil
+	return r.pull.Pull(ctx, ref, opts)
 }
 
-// stagingSuffix names the records pulls land under before the real one is
-// created; a sweep removes any a dead process left. It is a URL fragment
-// of the reference, so containerd still reads the real registry and
-// repository from the name (for its distribution-source labels).
-const stagingSuffix = "#gpupin-staging-"
+// Prefetch fetches and unpacks ref ahead of its Pull, when the disk has
+// room (pull.Puller.Prefetch).
+func (r *Runtime) Prefetch(ctx context.Context, ref string, opts PullOptions, maxBytes int64) (release func(), err error) {
+	return r.pull.Prefetch(ctx, ref, opts, maxBytes)
+}
 
-// leaseTTL bounds a lease: what a process that vanished left under it goes
-// after this long even if no sweep sees it.
-const leaseTTL = 24 * time.Hour
-
-// partialTTL is how long what a failed pull fetched is kept for a retry;
-// containerd's collector drops the lease after it.
-const partialTTL = time.Hour
-
-// refHost is the registry of a normalised reference.
-func refHost(ref string) string {
-	host, _, _ := strings.Cut(ref, "/")
-	return host
+// LayerStorage says whether and why pulls here store layer blobs.
+func (r *Runtime) LayerStorage(ctx context.Context) (LayerStorage, error) {
+	return r.pull.LayerStorage(ctx)
 }
