@@ -28,7 +28,7 @@ type Store struct {
 }
 
 // Deps is what the store needs of the other parts, given as functions so
-// that it imports neither.
+// that it imports neither. Both are required.
 type Deps struct {
 	// Synced puts what pulls extracted so far on disk (pull.Puller.Sync):
 	// SetPin waits for it, as a pin says the image's files are there.
