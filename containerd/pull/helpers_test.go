@@ -15,8 +15,6 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 type snapshotInfo = snapshots.Info
 
-const snapshotCommitted = snapshots.KindCommitted
-
 func withNS(ctx context.Context, ns string) context.Context { return namespaces.WithNamespace(ctx, ns) }
 
 func digestOf(s string) digest.Digest { return digest.Digest(s) }
