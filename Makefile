@@ -12,7 +12,7 @@ CONTAINERD17 ?= $(GPUPIN_TOOLS)/containerd-1.7.35
 CONTAINERD21 ?= $(GPUPIN_TOOLS)/containerd-2.1.9
 # The packages whose behaviour depends on the daemon's release: the suite
 # runs them again against 1.7 and 2.1.
-DAEMON_PKGS ?= ./runtime/... ./e2e/... ./faults/...
+DAEMON_PKGS ?= ./containerd/... ./e2e/... ./faults/...
 STATICCHECK ?= $(GPUPIN_TOOLS)/staticcheck
 TESTFLAGS ?= -count=1 -timeout 20m
 

@@ -3,7 +3,7 @@
 // embedder, with optional Prometheus metrics, a periodic pass that
 // restores pins other clients took, and node-feature-discovery labels.
 //
-// Start with Run and a RunConfig: a *runtime.Runtime (runtime.Connect) is
+// Start with Run and a RunConfig: a *containerd.Runtime (containerd.Connect) is
 // all it needs, and its zero value is the CLI's safe defaults (the
 // operator's overrides file, the shared lock directory, NVML):
 //
@@ -30,14 +30,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // PinLister lists the pins in the agent's containerd namespace.
 type PinLister interface {
-	Pins(ctx context.Context) ([]runtime.Pin, error)
+	Pins(ctx context.Context) ([]containerd.Pin, error)
 }
 
 // Options configure an Agent.
@@ -55,7 +55,7 @@ type Options struct {
 	NoOverridesFile bool
 	Logger          *slog.Logger
 	// Sweeper removes what interrupted gpupin processes left; nil: the
-	// PinLister, when it is one (a *runtime.Runtime is).
+	// PinLister, when it is one (a *containerd.Runtime is).
 	Sweeper Sweeper
 	// SweepEvery is the period of Maintain's pass: leftovers whose owner
 	// is gone are swept (a probe orphaned after the loop's sweep at start,
@@ -66,7 +66,7 @@ type Options struct {
 	SweepEvery time.Duration
 	// Recoverer puts back pins other clients of containerd took (kubelet's
 	// image GC, a pull of a pinned reference), on the same timer as the
-	// sweep; nil: the PinLister, when it is one (a *runtime.Runtime is).
+	// sweep; nil: the PinLister, when it is one (a *containerd.Runtime is).
 	Recoverer Recoverer
 	// NFDFeaturesDir is node-feature-discovery's features.d directory:
 	// the agent keeps a file there (FeatureFile) with a label per ready
@@ -74,15 +74,15 @@ type Options struct {
 	NFDFeaturesDir string
 }
 
-// Recoverer restores pins other clients took (runtime.Runtime.Recover).
+// Recoverer restores pins other clients took (containerd.Runtime.Recover).
 type Recoverer interface {
-	Recover(ctx context.Context) ([]runtime.Recovered, error)
+	Recover(ctx context.Context) ([]containerd.Recovered, error)
 }
 
 // ForeignReporter tells of records of a node-local name that gpupin did
-// not write (runtime.Runtime.OnForeign); the agent reports them.
+// not write (containerd.Runtime.OnForeign); the agent reports them.
 type ForeignReporter interface {
-	OnForeign(func(runtime.Recovered))
+	OnForeign(func(containerd.Recovered))
 }
 
 // ForeignRecord is a record of a node-local name that gpupin did not
@@ -90,7 +90,7 @@ type ForeignReporter interface {
 // and what was done with it: replaced by the node's own, or removed.
 type ForeignRecord struct {
 	At time.Time `json:"at"`
-	runtime.Recovered
+	containerd.Recovered
 }
 
 // keptForeign is how many ForeignRecords the status keeps, newest last.
@@ -102,9 +102,9 @@ const keptForeign = 16
 const DefaultSweepEvery = 30 * time.Second
 
 // Sweeper removes leftovers whose owning process is gone, keeping what a
-// failed pull set aside for its retry (runtime.Runtime.SweepOrphans).
+// failed pull set aside for its retry (containerd.Runtime.SweepOrphans).
 type Sweeper interface {
-	SweepOrphans(ctx context.Context) (runtime.Swept, error)
+	SweepOrphans(ctx context.Context) (containerd.Swept, error)
 }
 
 // InputError is a request the agent refuses as malformed.
@@ -183,7 +183,7 @@ func New(loop *provision.Loop, pins PinLister, opts Options) *Agent {
 // a pod that names the local name could have run an image this node
 // never proved, and a mirror configured for every registry is the usual
 // way it got there (gpupin detect says what to add to its filters).
-func (a *Agent) foundForeign(r runtime.Recovered) {
+func (a *Agent) foundForeign(r containerd.Recovered) {
 	a.opts.Logger.Warn("foreign record of a node-local name: "+r.Detail, "key", r.Key, "ref", r.Ref,
 		"hint", "a mirror that serves every registry serves other nodes' local names: add the local prefix to its registry filters (gpupin detect)")
 	a.foreignMu.Lock()
@@ -273,7 +273,7 @@ func (a *Agent) CheckPins(ctx context.Context) []string {
 	}
 	list := a.pins.Pins
 	if r, ok := a.pins.(interface {
-		ListPins(context.Context) ([]runtime.Pin, error)
+		ListPins(context.Context) ([]containerd.Pin, error)
 	}); ok {
 		list = r.ListPins // Recover ran just before: reading is enough
 	}
@@ -284,7 +284,7 @@ func (a *Agent) CheckPins(ctx context.Context) []string {
 		}
 		return nil
 	}
-	byKey := map[string]runtime.Pin{}
+	byKey := map[string]containerd.Pin{}
 	for _, p := range pins {
 		if !p.Tampered {
 			byKey[p.Key] = p
@@ -484,4 +484,4 @@ func (a *Agent) FileOverrides() map[string]string {
 func (a *Agent) Status() []provision.Status { return a.loop.Status() }
 
 // Pins lists the pins in containerd, wanted or not.
-func (a *Agent) Pins(ctx context.Context) ([]runtime.Pin, error) { return a.pins.Pins(ctx) }
+func (a *Agent) Pins(ctx context.Context) ([]containerd.Pin, error) { return a.pins.Pins(ctx) }

@@ -19,12 +19,12 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpupin/gpupin/agent"
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -37,7 +37,7 @@ var (
 
 type world struct {
 	reg       *sandbox.Registry
-	rt        *runtime.Runtime
+	rt        *containerd.Runtime
 	ref       string
 	agent     *agent.Agent
 	metrics   *agent.Metrics

@@ -11,8 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // DefaultSocket is where `gpupin agent` serves its API.
@@ -56,7 +56,7 @@ type OverrideResponse struct {
 
 // PinsResponse is GET /v1/pins.
 type PinsResponse struct {
-	Pins []runtime.Pin `json:"pins"`
+	Pins []containerd.Pin `json:"pins"`
 }
 
 // ErrorResponse is every error's body.
@@ -78,7 +78,7 @@ func (a *Agent) Handler() http.Handler {
 			return
 		}
 		if pins == nil {
-			pins = []runtime.Pin{}
+			pins = []containerd.Pin{}
 		}
 		writeJSON(w, http.StatusOK, PinsResponse{Pins: pins})
 	}))

@@ -19,10 +19,10 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/gpupin/gpupin/agent"
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/registry"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // logBuffer is a log the agent's goroutines write and the test reads.
@@ -65,7 +65,7 @@ func TestRunSimulatedReplacesForeignLocalNames(t *testing.T) {
 	reg, ref := publishDemo(t)
 	_, port, _ := strings.Cut(reg.Host, ":")
 	hosts := testenv.HostsToml(t, "", "_default", fmt.Sprintf("[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://localhost:"+port))
-	rt := testenv.Runtime(t, runtime.WithRegistry(registry.New(registry.Config{HostsDir: hosts})))
+	rt := testenv.Runtime(t, containerd.WithRegistry(registry.New(registry.Config{HostsDir: hosts})))
 	logs := &logBuffer{}
 	metricsAddr := freeAddr(t)
 	const every = 100 * time.Millisecond

@@ -19,11 +19,11 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/gpupin/gpupin/agent"
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // buildBinaries builds gpupin, and the library example so it is known to
@@ -106,19 +106,19 @@ func (p *agentProc) logText() string {
 
 // managed counts what gpupin made in the namespace: leases, and image
 // records that are candidates rather than pins.
-func managed(t *testing.T, rt *runtime.Runtime) (leases, candidates int) {
+func managed(t *testing.T, rt *containerd.Runtime) (leases, candidates int) {
 	t.Helper()
 	ctx := namespaces.WithNamespace(context.Background(), rt.Namespace())
-	ls, err := rt.Client().LeasesService().List(ctx, fmt.Sprintf(`labels.%q`, runtime.LabelManaged))
+	ls, err := rt.Client().LeasesService().List(ctx, fmt.Sprintf(`labels.%q`, containerd.LabelManaged))
 	if err != nil {
 		t.Fatal(err)
 	}
-	imgs, err := rt.Client().ImageService().List(ctx, fmt.Sprintf(`labels.%q==candidate`, runtime.LabelRole))
+	imgs, err := rt.Client().ImageService().List(ctx, fmt.Sprintf(`labels.%q==candidate`, containerd.LabelRole))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, img := range imgs {
-		if img.Labels[runtime.LabelPin] == "" && img.Labels[runtime.LabelPrevious] == "" {
+		if img.Labels[containerd.LabelPin] == "" && img.Labels[containerd.LabelPrevious] == "" {
 			candidates++
 		}
 	}

@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // Metrics are the agent's Prometheus metrics, in a registry of their own
@@ -81,7 +81,7 @@ func (m *Metrics) ObserveResult(st provision.Status) {
 
 // PullProgress counts fetched bytes (provision.Options.Progress). Progress
 // reports a running total per pull; only the growth is added.
-func (m *Metrics) PullProgress(key string, p runtime.Progress) {
+func (m *Metrics) PullProgress(key string, p containerd.Progress) {
 	engine, _, _ := strings.Cut(key, ":")
 	m.mu.Lock()
 	delta := p.Done - m.lastDone[p.Ref]

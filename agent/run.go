@@ -11,9 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // RunConfig is a whole agent, as `gpupin agent` runs one; Run takes it.
@@ -24,7 +24,7 @@ import (
 // file, API, metrics or NFD file unless named.
 type RunConfig struct {
 	// Runtime is containerd, in the namespace the pins live in.
-	Runtime *runtime.Runtime
+	Runtime *containerd.Runtime
 	// Provision are the provisioner's options (node facts, GPUs, probe
 	// limits, …); the agent adds its logger, its overrides and metrics.
 	Provision []provision.Option

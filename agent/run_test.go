@@ -20,11 +20,11 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/gpupin/gpupin/agent"
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // running is an agent.Run in the background.
@@ -166,7 +166,7 @@ type slowRecoverer struct {
 	finished atomic.Bool
 }
 
-func (s *slowRecoverer) Recover(ctx context.Context) ([]runtime.Recovered, error) {
+func (s *slowRecoverer) Recover(ctx context.Context) ([]containerd.Recovered, error) {
 	s.once.Do(func() { close(s.started) })
 	<-ctx.Done()
 	time.Sleep(300 * time.Millisecond)

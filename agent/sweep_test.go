@@ -18,18 +18,18 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/gpupin/gpupin/agent"
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // runningProbes lists the probe containers of the namespace whose task runs.
-func runningProbes(t *testing.T, rt *runtime.Runtime) []string {
+func runningProbes(t *testing.T, rt *containerd.Runtime) []string {
 	t.Helper()
 	ctx := namespaces.WithNamespace(context.Background(), rt.Namespace())
-	conts, err := rt.Client().Containers(ctx, fmt.Sprintf(`labels.%q==probe`, runtime.LabelRole))
+	conts, err := rt.Client().Containers(ctx, fmt.Sprintf(`labels.%q==probe`, containerd.LabelRole))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func runningProbes(t *testing.T, rt *runtime.Runtime) []string {
 }
 
 // containerGone reports whether a container no longer exists.
-func containerGone(t *testing.T, rt *runtime.Runtime, id string) bool {
+func containerGone(t *testing.T, rt *containerd.Runtime, id string) bool {
 	t.Helper()
 	ctx := namespaces.WithNamespace(context.Background(), rt.Namespace())
 	_, err := rt.Client().LoadContainer(ctx, id)
@@ -105,7 +105,7 @@ func TestAgentSimulatedPeriodicSweepStopsOrphanedProbe(t *testing.T) {
 				t.Fatal(err)
 			}
 			ref := reg.Host + "/probe@" + d.String()
-			if _, err := rt.Pull(ctx, ref, runtime.PullOptions{}); err != nil {
+			if _, err := rt.Pull(ctx, ref, containerd.PullOptions{}); err != nil {
 				t.Fatal(err)
 			}
 
@@ -126,8 +126,8 @@ func TestAgentSimulatedPeriodicSweepStopsOrphanedProbe(t *testing.T) {
 			// the owner label, as it would for a probe whose gpupin died.
 			ran := make(chan error, 1)
 			go func() {
-				_, err := rt.Run(ctx, runtime.RunSpec{Image: ref, Role: "probe", Hardened: true, Args: []string{"sleep", "600"},
-					Labels: map[string]string{runtime.LabelOwner: runtime.OwnerOf(ownerProc.Process.Pid)}})
+				_, err := rt.Run(ctx, containerd.RunSpec{Image: ref, Role: "probe", Hardened: true, Args: []string{"sleep", "600"},
+					Labels: map[string]string{containerd.LabelOwner: containerd.OwnerOf(ownerProc.Process.Pid)}})
 				ran <- err
 			}()
 			waitUntil(t, 30*time.Second, "the probe runs", func() bool { return len(runningProbes(t, rt)) == 1 })

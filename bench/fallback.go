@@ -18,11 +18,11 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	gimages "github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // The fallback rows: an engine whose first candidate (cu13, the real-files
@@ -255,8 +255,8 @@ func runProvisionHelper(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	rt, err := runtime.Connect(ctx, *address, runtime.WithNamespace(*ns), runtime.WithRuncRoot(*runcRoot),
-		runtime.WithFIFODir(filepath.Join(*probeDir, "fifo")))
+	rt, err := containerd.Connect(ctx, *address, containerd.WithNamespace(*ns), containerd.WithRuncRoot(*runcRoot),
+		containerd.WithFIFODir(filepath.Join(*probeDir, "fifo")))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -37,9 +37,9 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/gpupin/gpupin/containerd"
 	gimages "github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 const layersPerImage = 8
@@ -520,8 +520,8 @@ func (e *env) probe(ctx context.Context) ([]row, error) {
 	if _, err := e.ctr(ns, "images", "pull", "--plain-http", img); err != nil {
 		return nil, err
 	}
-	rt, err := runtime.Connect(ctx, e.ctd.Address, runtime.WithNamespace(ns), runtime.WithRuncRoot(e.ctd.RuncRoot),
-		runtime.WithFIFODir(filepath.Join(e.dir, "fifo")))
+	rt, err := containerd.Connect(ctx, e.ctd.Address, containerd.WithNamespace(ns), containerd.WithRuncRoot(e.ctd.RuncRoot),
+		containerd.WithFIFODir(filepath.Join(e.dir, "fifo")))
 	if err != nil {
 		return nil, err
 	}
@@ -531,9 +531,9 @@ func (e *env) probe(ctx context.Context) ([]row, error) {
 	var lib, cli, ref []time.Duration
 	for i := 0; i < n; i++ {
 		t0 := time.Now()
-		res, err := rt.Run(ctx, runtime.RunSpec{Image: img, Args: cmd, Hardened: true, Role: "probe", Timeout: time.Minute})
+		res, err := rt.Run(ctx, containerd.RunSpec{Image: img, Args: cmd, Hardened: true, Role: "probe", Timeout: time.Minute})
 		if err != nil || res.ExitCode != 0 {
-			return nil, fmt.Errorf("runtime.Run: exit %d: %v: %s", res.ExitCode, err, res.Output)
+			return nil, fmt.Errorf("containerd.Run: exit %d: %v: %s", res.ExitCode, err, res.Output)
 		}
 		lib = append(lib, time.Since(t0))
 		r, err := e.gpupin(ns, "probe", "--runc-root", e.ctd.RuncRoot, "--probe-dir", filepath.Join(e.dir, "probe"), img)
@@ -553,7 +553,7 @@ func (e *env) probe(ctx context.Context) ([]row, error) {
 	l, c, r := median(lib), median(cli), median(ref)
 	return []row{
 		{
-			name: "probe overhead: runtime.Run (in process)", gpupin: ms(l), ref: ms(r) + " (ctr run --rm)", ratio: fmt.Sprintf("%.2f", l.Seconds()/r.Seconds()),
+			name: "probe overhead: containerd.Run (in process)", gpupin: ms(l), ref: ms(r) + " (ctr run --rm)", ratio: fmt.Sprintf("%.2f", l.Seconds()/r.Seconds()),
 			notes: fmt.Sprintf("median of %d; create + start + wait + delete of `sh -c echo`, hardened box", n),
 		},
 		{

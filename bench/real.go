@@ -12,9 +12,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
+	"github.com/gpupin/gpupin/containerd"
 	gimages "github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // realImage is one published real-files image: the tag gpupin provisions
@@ -345,11 +345,11 @@ const leverDefault = "gpupin pipeline, streamed, parallel (the default)"
 
 var leverRows = []lever{
 	{name: "containerd's unpacker (gpupin before this change)", what: "client.Pull WithPullUnpack: each layer fetched into the content store, then applied by the daemon, one after another",
-		env: []string{runtime.EnvUnpack + "=containerd"}},
+		env: []string{containerd.EnvUnpack + "=containerd"}},
 	{name: "gpupin pipeline, daemon applies", what: "every layer fetched at once; the daemon's diff service applies each once it is in",
-		env: []string{runtime.EnvUnpack + "=daemon"}},
+		env: []string{containerd.EnvUnpack + "=daemon"}},
 	{name: "gpupin pipeline, streamed, one layer at a time", what: "extracted here while downloading; serial, as on containerd below 2.2 before its layers were moved onto their parents",
-		env: []string{runtime.EnvUnpack + "=serial"}},
+		env: []string{containerd.EnvUnpack + "=serial"}},
 	{name: leverDefault, what: "extracted here while downloading, layers at once (committed onto the parent by rebase from containerd 2.2, moved onto it below); gzip through igzip; a layer extracted so is not stored"},
 	{name: "  the default, keeping layer blobs", what: "GPUPIN_KEEP_LAYERS=1: every blob written to the content store too, as gpupin did before",
 		env: []string{"GPUPIN_KEEP_LAYERS=1"}, vs: leverDefault},

@@ -17,11 +17,11 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 var gpupinBin string
@@ -136,7 +136,7 @@ func TestCLISimulatedProvisionPinsRunProbeUnpinGC(t *testing.T) {
 	}
 
 	out, code = c.run("unpin", "eng:2.0", "--json")
-	var unpinned runtime.Pin
+	var unpinned containerd.Pin
 	if err := json.Unmarshal([]byte(out), &unpinned); code != 0 || err != nil || unpinned.Key != "eng:2.0" || unpinned.Ref != pinned {
 		t.Fatalf("unpin --json exit %d (%v), pin %+v, want eng:2.0 at %s:\n%s", code, err, unpinned, pinned, out)
 	}

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // What a node gets when a mirror serves gpupin.local/… (a peer-to-peer
@@ -24,9 +24,9 @@ func TestCRISimulatedPulledLocalNameIsForeign(t *testing.T) {
 	e := newCRIEnv(t, sandbox.DefaultSandboxImage)
 	ctx := context.Background()
 	certsD := filepath.Join(e.dir, "certs.d")
-	os.MkdirAll(filepath.Join(certsD, runtime.DefaultLocalPrefix), 0o755)
+	os.MkdirAll(filepath.Join(certsD, containerd.DefaultLocalPrefix), 0o755)
 	hosts := fmt.Sprintf("[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+e.reg.Host)
-	if err := os.WriteFile(filepath.Join(certsD, runtime.DefaultLocalPrefix, "hosts.toml"), []byte(hosts), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(certsD, containerd.DefaultLocalPrefix, "hosts.toml"), []byte(hosts), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	push := func(ref string, env string) string {
@@ -44,18 +44,18 @@ func TestCRISimulatedPulledLocalNameIsForeign(t *testing.T) {
 	peer := push(e.reg.Host+"/demo:1.0", "VARIANT=cu13")
 	push(e.reg.Host+"/other:1.0", "VARIANT=cu13")
 	ownRef := e.reg.Host + "/own@" + own
-	if _, err := e.rt.Pull(ctx, ownRef, runtime.PullOptions{}); err != nil {
+	if _, err := e.rt.Pull(ctx, ownRef, containerd.PullOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.rt.SetPin(ctx, runtime.Pin{Key: "demo:1.0", Ref: ownRef, Variant: "cu129", Source: ownRef, Node: "sha256-node", ProbedAt: time.Now()}, runtime.SetPinOptions{}); err != nil {
+	if err := e.rt.SetPin(ctx, containerd.Pin{Key: "demo:1.0", Ref: ownRef, Variant: "cu129", Source: ownRef, Node: "sha256-node", ProbedAt: time.Now()}, containerd.SetPinOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	is := e.rt.Client().ImageService()
-	local := runtime.DefaultLocalPrefix + "/demo:1.0"
+	local := containerd.DefaultLocalPrefix + "/demo:1.0"
 	if rec, err := is.Get(e.ctx(), local); err != nil || rec.Target.Digest.String() != own {
 		t.Fatalf("local name before the pull: %v on %s, want it on %s", err, rec.Target.Digest, own)
 	}
-	for _, name := range []string{local, runtime.DefaultLocalPrefix + "/other:1.0"} {
+	for _, name := range []string{local, containerd.DefaultLocalPrefix + "/other:1.0"} {
 		e.must("pull", name)
 	}
 	rec, err := is.Get(e.ctx(), local)
@@ -76,13 +76,13 @@ func TestCRISimulatedPulledLocalNameIsForeign(t *testing.T) {
 			foreign[d.Ref] = true
 		}
 	}
-	if !foreign[local] || !foreign[runtime.DefaultLocalPrefix+"/other:1.0"] {
+	if !foreign[local] || !foreign[containerd.DefaultLocalPrefix+"/other:1.0"] {
 		t.Fatalf("Recover did %+v; want both pulled names reported foreign", done)
 	}
-	if rec, err := is.Get(e.ctx(), local); err != nil || rec.Target.Digest.String() != own || rec.Labels[runtime.LabelLocalPin] != ownRef {
+	if rec, err := is.Get(e.ctx(), local); err != nil || rec.Target.Digest.String() != own || rec.Labels[containerd.LabelLocalPin] != ownRef {
 		t.Fatalf("after Recover %s: %v, on %s, labels %v; want the node's own", local, err, rec.Target.Digest, rec.Labels)
 	}
-	if found, _, _ := e.inspecti(runtime.DefaultLocalPrefix + "/other:1.0"); found {
+	if found, _, _ := e.inspecti(containerd.DefaultLocalPrefix + "/other:1.0"); found {
 		t.Fatal("the CRI plugin still has the local name of an engine this node has no pin of")
 	}
 	if found, _, raw := e.inspecti(local); !found {

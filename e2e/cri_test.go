@@ -16,10 +16,10 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // criEnv is a containerd of the test's own with its CRI plugin on, as
@@ -27,7 +27,7 @@ import (
 type criEnv struct {
 	t   *testing.T
 	d   *sandbox.Containerd
-	rt  *runtime.Runtime
+	rt  *containerd.Runtime
 	reg *sandbox.Registry
 	dir string
 }
@@ -50,8 +50,8 @@ func newCRIEnv(t *testing.T, pause string) *criEnv {
 	cdi := filepath.Join(e.dir, "cdi")
 	os.MkdirAll(cdi, 0o755)
 	var err error
-	e.rt, err = runtime.Connect(context.Background(), e.d.Address, runtime.WithNamespace("k8s.io"),
-		runtime.WithRuncRoot(e.d.RuncRoot), runtime.WithFIFODir(filepath.Join(e.d.Dir, "fifo")), runtime.WithCDISpecDirs(cdi))
+	e.rt, err = containerd.Connect(context.Background(), e.d.Address, containerd.WithNamespace("k8s.io"),
+		containerd.WithRuncRoot(e.d.RuncRoot), containerd.WithFIFODir(filepath.Join(e.d.Dir, "fifo")), containerd.WithCDISpecDirs(cdi))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func newCRIEnv(t *testing.T, pause string) *criEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pulled, err := e.rt.Pull(context.Background(), e.reg.Host+"/pause@"+pd.String(), runtime.PullOptions{})
+	pulled, err := e.rt.Pull(context.Background(), e.reg.Host+"/pause@"+pd.String(), containerd.PullOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 		provision.WithProbeTimeout(30*time.Second), provision.WithProbeDir(filepath.Join(e.dir, "probe")))
 	want := provision.Want{Engine: "demo", Version: "1.0", Ref: e.reg.Host + "/demo:1.0"}
 	// Nothing gpupin labelled pinned yet: judged from the version.
-	if c, err := e.rt.CRIPinning(ctx); err != nil || c.How != runtime.CRIJudged || c.Kept != runtime.CRIPinningOf(e.d.Version).Kept ||
+	if c, err := e.rt.CRIPinning(ctx); err != nil || c.How != containerd.CRIJudged || c.Kept != containerd.CRIPinningOf(e.d.Version).Kept ||
 		!strings.Contains(c.Why, "no image record") {
 		t.Fatalf("CRIPinning before any pin = %+v, %v; want judged from the version, for want of a record", c, err)
 	}
@@ -188,7 +188,7 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 	if out := e.must("images"); !strings.Contains(out, "gpupin.local/demo") {
 		t.Fatalf("crictl images lacks the local name:\n%s", out)
 	}
-	if got := runtime.CRIPinningOf(e.d.Version); got.Kept != kept || got.How != runtime.CRIJudged {
+	if got := containerd.CRIPinningOf(e.d.Version); got.Kept != kept || got.How != containerd.CRIJudged {
 		t.Errorf("CRIPinningOf(%s) = %+v", e.d.Version, got)
 	}
 	// Seen, not judged: the CRI plugin is asked about the local name, and
@@ -196,7 +196,7 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 	// pinned.
 	cri, err := e.rt.CRIPinning(ctx)
 	t.Logf("containerd %s: CRIPinning %+v", e.d.Version, cri)
-	if err != nil || cri.How != runtime.CRISeen || cri.Image != local || cri.Kept != pinned || cri.Version != e.d.Version {
+	if err != nil || cri.How != containerd.CRISeen || cri.Image != local || cri.Kept != pinned || cri.Version != e.d.Version {
 		t.Fatalf("CRIPinning = %+v, %v; want seen on %s, pinned %v as crictl says", cri, err, local, pinned)
 	}
 	if cri.Kept != kept {
@@ -225,11 +225,11 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 	}
 	out, err = exec.Command(gpupinBin, "--address", e.d.Address, "--namespace", "k8s.io", "detect", "--node", node, "--json").Output()
 	var facts struct {
-		Driver     string              `json:"driver"`
-		Containerd *runtime.CRIPinning `json:"containerd"`
+		Driver     string                 `json:"driver"`
+		Containerd *containerd.CRIPinning `json:"containerd"`
 	}
 	if err != nil || json.Unmarshal(out, &facts) != nil || facts.Driver != "575.57.08" || facts.Containerd == nil ||
-		facts.Containerd.How != runtime.CRISeen || facts.Containerd.Kept != kept || facts.Containerd.Image != local {
+		facts.Containerd.How != containerd.CRISeen || facts.Containerd.Kept != kept || facts.Containerd.Image != local {
 		t.Fatalf("gpupin detect --json: %v:\n%s", err, out)
 	}
 
@@ -366,12 +366,12 @@ func TestCRISimulatedLocalNameThroughCrictl(t *testing.T) {
 // gpupin labelled pinned in k8s.io to ask about.
 func TestCRIPinningJudgedWhenTheCRIPluginIsOff(t *testing.T) {
 	rt := testenv.Runtime(t)
-	ctx := namespaces.WithNamespace(context.Background(), runtime.CRINamespace)
+	ctx := namespaces.WithNamespace(context.Background(), containerd.CRINamespace)
 	is := rt.Client().ImageService()
 	name := "gpupin.local/judged:" + strings.ToLower(strings.ReplaceAll(testenv.Namespace(t), "_", "-"))
 	rec := images.Image{Name: name, Target: ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest,
 		Digest: digest.FromString(name), Size: 1},
-		Labels: map[string]string{runtime.LabelCRIPinned: "pinned", runtime.LabelManaged: "true", runtime.LabelLocal: "judged:1"}}
+		Labels: map[string]string{containerd.LabelCRIPinned: "pinned", containerd.LabelManaged: "true", containerd.LabelLocal: "judged:1"}}
 	if _, err := is.Create(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
@@ -384,8 +384,8 @@ func TestCRIPinningJudgedWhenTheCRIPluginIsOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := runtime.CRIPinningOf(v.Version)
-	if c.How != runtime.CRIJudged || c.Kept != want.Kept || c.Note != want.Note || !strings.Contains(c.Why, "does not serve") {
+	want := containerd.CRIPinningOf(v.Version)
+	if c.How != containerd.CRIJudged || c.Kept != want.Kept || c.Note != want.Note || !strings.Contains(c.Why, "does not serve") {
 		t.Fatalf("CRIPinning = %+v; want judged from the version %s because the CRI plugin does not serve", c, v.Version)
 	}
 }

@@ -15,11 +15,11 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpupin/gpupin/agent"
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/kubetest"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // The pause image kubelet's pods get: registry.k8s.io cannot be reached
@@ -52,10 +52,10 @@ func TestKubeletRunsTheProvedEngineSimulated(t *testing.T) {
 	if engineCtr.ImagePullPolicy != corev1.PullNever {
 		t.Fatalf("engine-deployment.yaml: imagePullPolicy %q: the local name must never be pulled", engineCtr.ImagePullPolicy)
 	}
-	key, ok := strings.CutPrefix(engineCtr.Image, runtime.DefaultLocalPrefix+"/")
+	key, ok := strings.CutPrefix(engineCtr.Image, containerd.DefaultLocalPrefix+"/")
 	engine, version, ok2 := strings.Cut(key, ":")
 	if !ok || !ok2 {
-		t.Fatalf("engine-deployment.yaml: image %q is not %s/ENGINE:VERSION", engineCtr.Image, runtime.DefaultLocalPrefix)
+		t.Fatalf("engine-deployment.yaml: image %q is not %s/ENGINE:VERSION", engineCtr.Image, containerd.DefaultLocalPrefix)
 	}
 
 	e := newCRIEnv(t, kubeletPause)
@@ -124,7 +124,7 @@ func TestKubeletRunsTheProvedEngineSimulated(t *testing.T) {
 	// kubelet, told never to pull, does not start it.
 	other := &corev1.Pod{TypeMeta: pod.TypeMeta, ObjectMeta: metav1.ObjectMeta{Name: "unproved", Namespace: "default"}, Spec: *pod.Spec.DeepCopy()}
 	other.Spec.Affinity = nil
-	other.Spec.Containers[0].Image = runtime.DefaultLocalPrefix + "/unproved:1.0"
+	other.Spec.Containers[0].Image = containerd.DefaultLocalPrefix + "/unproved:1.0"
 	if err := k.WriteStaticPod(other); err != nil {
 		t.Fatal(err)
 	}

@@ -8,11 +8,11 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // selfTestOK is an image's own self-test that passes on a simulated node,
@@ -63,7 +63,7 @@ func TestCLISimulatedProbeRunsWhatProvisionRuns(t *testing.T) {
 				}
 
 				// The candidate provision discarded, pulled as it pulls it.
-				pulled, err := rt.Pull(ctx, pl.Candidates[0].Ref, runtime.PullOptions{Platform: "linux/amd64"})
+				pulled, err := rt.Pull(ctx, pl.Candidates[0].Ref, containerd.PullOptions{Platform: "linux/amd64"})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -11,10 +11,10 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // The disk under containerd fills up: during unpack (a layer that is small
@@ -77,7 +77,7 @@ func TestFaultDiskFullSimulated(t *testing.T) {
 		})
 	}
 	// The pinned image still runs: the full disk took nothing it needs.
-	res, err := rt.Run(ctx, runtime.RunSpec{Image: before[0].Ref, Args: []string{"/bin/sh", "-c", "echo alive"}, Role: "replica"})
+	res, err := rt.Run(ctx, containerd.RunSpec{Image: before[0].Ref, Args: []string{"/bin/sh", "-c", "echo alive"}, Role: "replica"})
 	if err != nil || !bytes.Contains(res.Output, []byte("alive")) {
 		t.Fatalf("the pinned image does not run after the disk filled: %v %q", err, res.Output)
 	}

@@ -18,11 +18,11 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/opencontainers/go-digest"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -35,7 +35,7 @@ const nodeJSON = `{"driver":"580.82.07","cuda":"13.0","platform":"linux/amd64","
 // makes a pin stale, so the next provision pulls.
 func h100(driver string) *node.Facts { return testenv.H100(driver, "13.0") }
 
-func newProvisioner(t *testing.T, rt *runtime.Runtime, nodes node.Reader, timeout time.Duration) *provision.Provisioner {
+func newProvisioner(t *testing.T, rt *containerd.Runtime, nodes node.Reader, timeout time.Duration) *provision.Provisioner {
 	if timeout == 0 {
 		timeout = 30 * time.Second
 	}
@@ -58,7 +58,7 @@ func mustReady(t *testing.T, st provision.Status) {
 	}
 }
 
-func pins(t *testing.T, rt *runtime.Runtime) []runtime.Pin {
+func pins(t *testing.T, rt *containerd.Runtime) []containerd.Pin {
 	t.Helper()
 	ps, err := rt.Pins(context.Background())
 	if err != nil {
@@ -69,7 +69,7 @@ func pins(t *testing.T, rt *runtime.Runtime) []runtime.Pin {
 
 // samePins fails unless the pins are exactly the ones before: same records,
 // same probe times, same node.
-func samePins(t *testing.T, rt *runtime.Runtime, before []runtime.Pin) {
+func samePins(t *testing.T, rt *containerd.Runtime, before []containerd.Pin) {
 	t.Helper()
 	after := pins(t, rt)
 	if len(after) != len(before) {
@@ -84,7 +84,7 @@ func samePins(t *testing.T, rt *runtime.Runtime, before []runtime.Pin) {
 }
 
 // gpupinRecords lists image records that carry any io.gpupin label.
-func gpupinRecords(t *testing.T, rt *runtime.Runtime) []string {
+func gpupinRecords(t *testing.T, rt *containerd.Runtime) []string {
 	t.Helper()
 	imgs, err := rt.Client().ImageService().List(testenv.Context(rt))
 	if err != nil {
@@ -92,7 +92,7 @@ func gpupinRecords(t *testing.T, rt *runtime.Runtime) []string {
 	}
 	var out []string
 	for _, img := range imgs {
-		if img.Labels[runtime.LabelLocal] != "" {
+		if img.Labels[containerd.LabelLocal] != "" {
 			continue // a pin's node-local name: part of the pin, not a record of its own
 		}
 		for k := range img.Labels {
@@ -107,7 +107,7 @@ func gpupinRecords(t *testing.T, rt *runtime.Runtime) []string {
 
 // leftovers lists what a finished or swept gpupin must not leave:
 // containers, tasks, active snapshots, leases, unpinned gpupin records.
-func leftovers(t *testing.T, rt *runtime.Runtime, snapshotter string) []string {
+func leftovers(t *testing.T, rt *containerd.Runtime, snapshotter string) []string {
 	t.Helper()
 	ctx := testenv.Context(rt)
 	cl := rt.Client()
@@ -142,7 +142,7 @@ func leftovers(t *testing.T, rt *runtime.Runtime, snapshotter string) []string {
 	// A pin's lease and its node-local name belong to the pin.
 	pinned := map[string]string{} // key -> digest
 	for _, img := range imgs {
-		if k := img.Labels[runtime.LabelPin]; k != "" {
+		if k := img.Labels[containerd.LabelPin]; k != "" {
 			pinned[k] = img.Target.Digest.String()
 		}
 	}
@@ -151,16 +151,16 @@ func leftovers(t *testing.T, rt *runtime.Runtime, snapshotter string) []string {
 		t.Fatal(err)
 	}
 	for _, l := range ls {
-		if l.Labels[runtime.LabelRole] == runtime.PinLeaseRole && pinned[l.Labels[runtime.LabelPin]] != "" {
+		if l.Labels[containerd.LabelRole] == containerd.PinLeaseRole && pinned[l.Labels[containerd.LabelPin]] != "" {
 			continue
 		}
 		out = append(out, fmt.Sprintf("lease %s %v", l.ID, l.Labels))
 	}
 	for _, img := range imgs {
-		if k := img.Labels[runtime.LabelLocal]; k != "" && pinned[k] == img.Target.Digest.String() {
+		if k := img.Labels[containerd.LabelLocal]; k != "" && pinned[k] == img.Target.Digest.String() {
 			continue
 		}
-		if img.Labels[runtime.LabelManaged] != "" && img.Labels[runtime.LabelPin] == "" && img.Labels[runtime.LabelPrevious] == "" {
+		if img.Labels[containerd.LabelManaged] != "" && img.Labels[containerd.LabelPin] == "" && img.Labels[containerd.LabelPrevious] == "" {
 			out = append(out, fmt.Sprintf("unpinned record %s %v", img.Name, img.Labels))
 		}
 	}
@@ -182,9 +182,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // probeRunning reports whether a probe container of the namespace has a
 // running task.
-func probeRunning(rt *runtime.Runtime) bool {
+func probeRunning(rt *containerd.Runtime) bool {
 	ctx := testenv.Context(rt)
-	conts, err := rt.Client().Containers(ctx, fmt.Sprintf(`labels.%q==probe`, runtime.LabelRole))
+	conts, err := rt.Client().Containers(ctx, fmt.Sprintf(`labels.%q==probe`, containerd.LabelRole))
 	if err != nil {
 		return false
 	}
@@ -199,9 +199,9 @@ func probeRunning(rt *runtime.Runtime) bool {
 }
 
 // probePids counts the processes of the namespace's probe tasks.
-func probePids(rt *runtime.Runtime) int {
+func probePids(rt *containerd.Runtime) int {
 	ctx := testenv.Context(rt)
-	conts, err := rt.Client().Containers(ctx, fmt.Sprintf(`labels.%q==probe`, runtime.LabelRole))
+	conts, err := rt.Client().Containers(ctx, fmt.Sprintf(`labels.%q==probe`, containerd.LabelRole))
 	if err != nil {
 		return 0
 	}

@@ -12,11 +12,11 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // nested is a publisher's trick: an index (demo:1.0) whose one entry is
@@ -62,7 +62,7 @@ func publishNested(t *testing.T, reg *sandbox.Registry) nested {
 }
 
 // An index where an image manifest was expected (and the reverse) is
-// refused by runtime.Pull before anything is unpacked, when the caller
+// refused by containerd.Pull before anything is unpacked, when the caller
 // says what it expects (PullOptions.MediaType); kinds, not spellings,
 // must match (an OCI and a Docker image manifest are both images).
 func TestFaultPullMediaTypeSimulated(t *testing.T) {
@@ -91,14 +91,14 @@ func TestFaultPullMediaTypeSimulated(t *testing.T) {
 			n := publishNested(t, reg)
 			ref := tc.pull(n)
 			reg.Reset()
-			_, err := rt.Pull(ctx, ref, runtime.PullOptions{MediaType: tc.mediaType})
+			_, err := rt.Pull(ctx, ref, containerd.PullOptions{MediaType: tc.mediaType})
 			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("pull: %v", err)
 				}
 				return
 			}
-			if !errors.Is(err, runtime.ErrMediaType) || !strings.Contains(err.Error(), tc.want) {
+			if !errors.Is(err, containerd.ErrMediaType) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("pull: %v; want a refusal (ErrMediaType) saying %q", err, tc.want)
 			}
 			t.Logf("pull: %v", err)
@@ -120,10 +120,10 @@ func TestFaultPullMediaTypeSimulated(t *testing.T) {
 	rt := testenv.Runtime(t)
 	n := publishNested(t, reg)
 	ref := n.repository + "@" + n.image.String()
-	if _, err := rt.Pull(ctx, ref, runtime.PullOptions{MediaType: ociImage}); err != nil {
+	if _, err := rt.Pull(ctx, ref, containerd.PullOptions{MediaType: ociImage}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rt.Pull(ctx, ref, runtime.PullOptions{MediaType: ociIndex}); !errors.Is(err, runtime.ErrMediaType) {
+	if _, err := rt.Pull(ctx, ref, containerd.PullOptions{MediaType: ociIndex}); !errors.Is(err, containerd.ErrMediaType) {
 		t.Fatalf("pull of an existing image record expected as an index: %v; want ErrMediaType", err)
 	}
 }

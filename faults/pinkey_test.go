@@ -9,11 +9,11 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gpupin/gpupin/containerd"
 	gimages "github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // publishAs pushes an engine under host/REPO/ENGINE:VERSION whose metadata
@@ -45,7 +45,7 @@ func childOf(ctx context.Context, ref string) (string, error) {
 	return set.Variants[0].Ref, nil
 }
 
-func labelsOf(t *testing.T, rt *runtime.Runtime, name string) map[string]string {
+func labelsOf(t *testing.T, rt *containerd.Runtime, name string) map[string]string {
 	t.Helper()
 	img, err := rt.Client().ImageService().Get(testenv.Context(rt), name)
 	if err != nil {
@@ -174,7 +174,7 @@ func TestSimulatedConcurrentClaimsLeaveOnePin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var of []runtime.Pin
+		var of []containerd.Pin
 		for _, pin := range pins {
 			if pin.Key == "demo:1.0" {
 				of = append(of, pin)
@@ -183,7 +183,7 @@ func TestSimulatedConcurrentClaimsLeaveOnePin(t *testing.T) {
 		if len(of) != 1 {
 			t.Fatalf("round %d: %d pins of demo:1.0 (%v); statuses %v", round, len(of), of, sts)
 		}
-		imgs, _ := rt.Client().ImageService().List(testenv.Context(rt), fmt.Sprintf(`labels.%q==%q`, runtime.LabelPin, "demo:1.0"))
+		imgs, _ := rt.Client().ImageService().List(testenv.Context(rt), fmt.Sprintf(`labels.%q==%q`, containerd.LabelPin, "demo:1.0"))
 		if len(imgs) != 1 {
 			t.Fatalf("round %d: %d records labelled the pin of demo:1.0", round, len(imgs))
 		}
@@ -247,7 +247,7 @@ func TestSimulatedPinRaceAcrossLockDirsIsAConflict(t *testing.T) {
 			}))
 			st := second.Provision(ctx, provision.Want{Ref: b})
 			mustReady(t, held)
-			if st.State != provision.Failed || !errors.Is(st.Err, provision.ErrConflict) || !errors.Is(st.Err, runtime.ErrHeld) {
+			if st.State != provision.Failed || !errors.Is(st.Err, provision.ErrConflict) || !errors.Is(st.Err, containerd.ErrHeld) {
 				t.Fatalf("second: %s (err %v); want a conflict", st, st.Err)
 			}
 			if st.Conflict == nil || st.Conflict.Held != a || st.Conflict.Claimed != b || st.Conflict.HeldRef != held.Pinned || !st.Conflict.Race {
@@ -280,7 +280,7 @@ func TestConcurrentSetPinLeavesOnePin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pulled, err := rt.Pull(ctx, child, runtime.PullOptions{})
+		pulled, err := rt.Pull(ctx, child, containerd.PullOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -292,12 +292,12 @@ func TestConcurrentSetPinLeavesOnePin(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				rt.SetPin(ctx, runtime.Pin{Key: "demo:1.0", Ref: ref, Source: []string{a, b}[i], Variant: "cu129", Override: "auto"},
-					runtime.SetPinOptions{Takeover: true})
+				rt.SetPin(ctx, containerd.Pin{Key: "demo:1.0", Ref: ref, Source: []string{a, b}[i], Variant: "cu129", Override: "auto"},
+					containerd.SetPinOptions{Takeover: true})
 			}()
 		}
 		wg.Wait()
-		imgs, _ := rt.Client().ImageService().List(testenv.Context(rt), fmt.Sprintf(`labels.%q==%q`, runtime.LabelPin, "demo:1.0"))
+		imgs, _ := rt.Client().ImageService().List(testenv.Context(rt), fmt.Sprintf(`labels.%q==%q`, containerd.LabelPin, "demo:1.0"))
 		if len(imgs) != 1 {
 			t.Fatalf("round %d: %d records are the pin", round, len(imgs))
 		}
@@ -352,7 +352,7 @@ func TestSimulatedRepointedPinIsTampered(t *testing.T) {
 	if !found {
 		t.Error("pins does not show the repointed record at all")
 	}
-	if _, err := rt.GetPin(ctx, "demo:1.0"); !errors.Is(err, runtime.ErrTampered) {
+	if _, err := rt.GetPin(ctx, "demo:1.0"); !errors.Is(err, containerd.ErrTampered) {
 		t.Fatalf("GetPin: %v; want ErrTampered", err)
 	}
 	// What `gpupin run` looks a target up with: by key, reference or
@@ -360,7 +360,7 @@ func TestSimulatedRepointedPinIsTampered(t *testing.T) {
 	// either package.
 	for _, target := range []string{"demo:1.0", st.Pinned, ref} {
 		pin, err := rt.PinToRun(ctx, target)
-		if !errors.Is(err, runtime.ErrTampered) || !errors.Is(err, provision.ErrTampered) || pin != nil {
+		if !errors.Is(err, containerd.ErrTampered) || !errors.Is(err, provision.ErrTampered) || pin != nil {
 			t.Fatalf("PinToRun(%s) = %+v, %v; want ErrTampered", target, pin, err)
 		}
 	}
@@ -368,7 +368,7 @@ func TestSimulatedRepointedPinIsTampered(t *testing.T) {
 		t.Fatalf("PinToRun(other:1.0) = %+v, %v; want the other engine's pin", pin, err)
 	}
 	// And Run itself refuses the record, whoever looked it up.
-	if _, err := rt.Run(ctx, runtime.RunSpec{Image: st.Pinned, Args: []string{"true"}, Role: "replica"}); !errors.Is(err, runtime.ErrTampered) {
+	if _, err := rt.Run(ctx, containerd.RunSpec{Image: st.Pinned, Args: []string{"true"}, Role: "replica"}); !errors.Is(err, containerd.ErrTampered) {
 		t.Fatalf("Run of the repointed record: %v; want ErrTampered", err)
 	}
 	again := p.Provision(ctx, provision.Want{Ref: ref})
@@ -441,7 +441,7 @@ func TestSimulatedTamperedRecordHoldsItsKey(t *testing.T) {
 	if pl, err := p.Plan(ctx, provision.Want{Ref: third}); err != nil || pl.Outcome != provision.OutcomeConflict {
 		t.Fatalf("plan of the claim: %+v, %v; want a conflict", pl, err)
 	}
-	if l := labelsOf(t, rt, st.Pinned); l[runtime.LabelPin] != "demo:1.0" {
+	if l := labelsOf(t, rt, st.Pinned); l[containerd.LabelPin] != "demo:1.0" {
 		t.Fatalf("the tampered record lost its key: %v", l)
 	}
 

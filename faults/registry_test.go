@@ -12,10 +12,10 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // The registry dies in the middle of a layer: the provision fails with the
@@ -35,7 +35,7 @@ func TestFaultRegistryDiesMidPullSimulated(t *testing.T) {
 func registryDiesMidPull(t *testing.T, keep bool) {
 	ctx := context.Background()
 	reg := testenv.Registry(t)
-	rt := testenv.Runtime(t, runtime.WithKeepLayers(keep))
+	rt := testenv.Runtime(t, containerd.WithKeepLayers(keep))
 	stored := keep // a layer extracted here in parallel is not stored
 	nodes := testenv.NewNode(h100("580.82.07"))
 	p := newProvisioner(t, rt, nodes, 0)

@@ -13,9 +13,9 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/cio"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // replicaScript reports, from inside the replica, its seccomp mode and
@@ -120,7 +120,7 @@ func TestFaultReplicaBoxSimulated(t *testing.T) {
 
 // replicaLimits reads the limits of a running replica's cgroup from the
 // host (no cgroupfs is mounted inside); nil until its task runs.
-func replicaLimits(t *testing.T, rt *runtime.Runtime, id string) []string {
+func replicaLimits(t *testing.T, rt *containerd.Runtime, id string) []string {
 	t.Helper()
 	ctx := testenv.Context(rt)
 	c, err := rt.Client().LoadContainer(ctx, id)
@@ -160,7 +160,7 @@ func replicaLimits(t *testing.T, rt *runtime.Runtime, id string) []string {
 
 // finishReplica lets replicaScript end: it creates /tmp/done inside by an
 // exec, with the replica's own process spec.
-func finishReplica(t *testing.T, rt *runtime.Runtime, id string) {
+func finishReplica(t *testing.T, rt *containerd.Runtime, id string) {
 	t.Helper()
 	ctx := testenv.Context(rt)
 	c, err := rt.Client().LoadContainer(ctx, id)

@@ -12,11 +12,11 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/registry"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // A layer trickled a byte a second: the status says the pull stalled
@@ -34,7 +34,7 @@ func TestFaultLayerTrickledSimulated(t *testing.T) {
 	v.Layers = []v1.Layer{l}
 	ref := publish(t, reg, "demo", v)
 	policy := registry.New(registry.Config{StallTimeout: 8 * time.Second})
-	rt := testenv.Runtime(t, runtime.WithRegistry(policy))
+	rt := testenv.Runtime(t, containerd.WithRegistry(policy))
 	reg.SetHook(func(w http.ResponseWriter, r *http.Request) bool {
 		if r.Method != http.MethodGet || !strings.HasSuffix(r.URL.Path, "/blobs/"+layer) {
 			return false
@@ -136,7 +136,7 @@ func TestFaultPullStatusFollowsThePolicysStallRuleSimulated(t *testing.T) {
 				return true
 			})
 			policy := registry.New(registry.Config{StallTimeout: 30 * time.Second, StallBytes: tc.stallBytes})
-			rt := testenv.Runtime(t, runtime.WithRegistry(policy))
+			rt := testenv.Runtime(t, containerd.WithRegistry(policy))
 			var mu sync.Mutex
 			var seen []string
 			p := testenv.Provisioner(t, rt, provision.WithNode(testenv.NewNode(h100("580.82.07"))), provision.WithOverrides(provision.NoOverrides()),
@@ -173,7 +173,7 @@ func TestFaultStuckRegistriesDoNotStarveOthersSimulated(t *testing.T) {
 		return true
 	})
 	policy := registry.New(registry.Config{HeaderTimeout: 2 * time.Second})
-	rt := testenv.Runtime(t, runtime.WithRegistry(policy))
+	rt := testenv.Runtime(t, containerd.WithRegistry(policy))
 	p := newProvisioner(t, rt, testenv.NewNode(h100("580.82.07")), 0)
 	start := time.Now()
 	sts := p.Converge(ctx, []provision.Want{{Ref: a}, {Ref: b}, {Ref: goodRef}})
@@ -219,7 +219,7 @@ func TestFaultStuckRegistriesDoNotStarveTheLoopSimulated(t *testing.T) {
 		return false
 	})
 	policy := registry.New(registry.Config{HeaderTimeout: 10 * time.Second, StallTimeout: 14 * time.Second})
-	rt := testenv.Runtime(t, runtime.WithRegistry(policy))
+	rt := testenv.Runtime(t, containerd.WithRegistry(policy))
 	p := newProvisioner(t, rt, testenv.NewNode(h100("580.82.07")), 0)
 	loop := provision.NewLoop(p, provision.LoopOptions{Parallel: 2, NoSweep: true})
 	if err := loop.SetWants([]provision.Want{{Ref: a}, {Ref: b}, {Ref: goodRef}}); err != nil {

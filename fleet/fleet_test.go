@@ -22,13 +22,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/fleet"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/kubetest"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 var cluster *kubetest.Cluster
@@ -434,7 +434,7 @@ func TestStatusAndEventsSimulated(t *testing.T) {
 	now := time.Now()
 	ready := provision.Status{Key: "vllm:0.11.0", Engine: "vllm", Version: "0.11.0", State: provision.Ready, Override: "auto",
 		Variant: "cu129", Pinned: "reg.example/vllm@sha256:" + strings.Repeat("a", 64), Simulated: true, At: now,
-		Pin:      &runtime.Pin{ProbedAt: now},
+		Pin:      &containerd.Pin{ProbedAt: now},
 		Rejected: []images.Rejection{{Variant: "cu13", Reason: "driver 575.57 supports CUDA 12.9; cu13 needs 13.0"}}}
 	failed := provision.Status{Key: "sglang:0.5.0", Engine: "sglang", Version: "0.5.0", State: provision.Failed, Override: "none",
 		Attempted: "cu129", Detail: "probe failed: no GPUPIN-PROBE line", Simulated: true, At: now, Err: provision.ErrAllFailed,

@@ -36,7 +36,7 @@ func TestSimProbeModeAndImageCUDA(t *testing.T) {
 
 // TestBuildSimulatedImageCannotSwitchModes checks that the mode is gpupin's
 // to say: a real node's probe is told GPUPIN_SIMULATED=0 after anything the
-// image sets (runtime.Run puts the program's env over the image's).
+// image sets (containerd.Run puts the program's env over the image's).
 func TestBuildSimulatedImageCannotSwitchModes(t *testing.T) {
 	for _, k := range []Kind{Torch, Exec} {
 		p, err := Build(k, Options{Dir: t.TempDir(), ExecArgv: []string{"/selftest"}})

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/gpupin/gpupin/runtime"
+	"github.com/gpupin/gpupin/containerd"
 )
 
 // Outcomes a caller can branch on, with errors.Is on Status.Err or on the
@@ -25,7 +25,7 @@ var (
 	ErrInvalidWant = errors.New("invalid want")
 	// ErrTampered: a record named as a pin points at another image. It is
 	// runtime's sentinel, so errors.Is works whichever package said it.
-	ErrTampered = runtime.ErrTampered
+	ErrTampered = containerd.ErrTampered
 )
 
 // ConflictError is a want whose image names a pin key that is already

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpupin/gpupin/runtime"
+	"github.com/gpupin/gpupin/containerd"
 )
 
 // LoopOptions tune a Loop.
@@ -343,7 +343,7 @@ func (l *Loop) Run(ctx context.Context) error {
 // Sweeper removes what an interrupted gpupin left: probe containers,
 // leases, candidate records.
 type Sweeper interface {
-	Sweep(ctx context.Context) (runtime.Swept, error)
+	Sweep(ctx context.Context) (containerd.Swept, error)
 }
 
 // sweep removes what an interrupted gpupin left (probe containers,

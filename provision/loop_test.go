@@ -10,12 +10,12 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // recorder keeps what a Loop reports.
@@ -131,10 +131,10 @@ func (le *loopEnv) publish(t *testing.T, engine string, variants ...sandbox.Engi
 }
 
 // pin reads key's pin from containerd, from outside the bubble.
-func (le *loopEnv) pin(t *testing.T, key string) *runtime.Pin {
+func (le *loopEnv) pin(t *testing.T, key string) *containerd.Pin {
 	t.Helper()
 	var (
-		pin *runtime.Pin
+		pin *containerd.Pin
 		err error
 	)
 	le.o.do(func() { pin, err = le.rt.GetPin(context.Background(), key) })

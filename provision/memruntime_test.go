@@ -13,13 +13,13 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/registry"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // memRuntime is the fast tier's stand-in for containerd: pins in a slice,
@@ -29,7 +29,7 @@ import (
 // loop backoff and verdict judging be checked in milliseconds.
 type memRuntime struct {
 	mu      sync.Mutex
-	pins    []runtime.Pin
+	pins    []containerd.Pin
 	pullErr map[string]error  // by reference
 	output  map[string]string // a probe's output, by reference
 	exit    map[string]int
@@ -43,19 +43,19 @@ func newMemRuntime() *memRuntime {
 
 var _ provision.Runtime = (*memRuntime)(nil)
 
-func (m *memRuntime) Pins(ctx context.Context) ([]runtime.Pin, error) { return m.ListPins(ctx) }
+func (m *memRuntime) Pins(ctx context.Context) ([]containerd.Pin, error) { return m.ListPins(ctx) }
 
-func (m *memRuntime) ListPins(context.Context) ([]runtime.Pin, error) {
+func (m *memRuntime) ListPins(context.Context) ([]containerd.Pin, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.Clone(m.pins), nil
 }
 
-func (m *memRuntime) PreviousPins(context.Context) ([]runtime.Pin, error) { return nil, nil }
+func (m *memRuntime) PreviousPins(context.Context) ([]containerd.Pin, error) { return nil, nil }
 
 // SetPin keeps one pin a key, and refuses another source's without
 // Takeover, as containerd's does.
-func (m *memRuntime) SetPin(_ context.Context, p runtime.Pin, opts runtime.SetPinOptions) error {
+func (m *memRuntime) SetPin(_ context.Context, p containerd.Pin, opts containerd.SetPinOptions) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i, old := range m.pins {
@@ -63,7 +63,7 @@ func (m *memRuntime) SetPin(_ context.Context, p runtime.Pin, opts runtime.SetPi
 			continue
 		}
 		if old.Source != p.Source && !opts.Takeover {
-			return &runtime.HeldError{Key: p.Key, Ref: old.Ref, Source: old.Source, Claimed: p.Source}
+			return &containerd.HeldError{Key: p.Key, Ref: old.Ref, Source: old.Source, Claimed: p.Source}
 		}
 		m.pins[i] = p
 		return nil
@@ -78,20 +78,20 @@ func (m *memRuntime) WithLease(ctx context.Context, fn func(context.Context) err
 	return fn(ctx)
 }
 
-func (m *memRuntime) Pull(_ context.Context, ref string, _ runtime.PullOptions) (runtime.Pulled, error) {
+func (m *memRuntime) Pull(_ context.Context, ref string, _ containerd.PullOptions) (containerd.Pulled, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.pulls = append(m.pulls, ref)
 	if err := m.pullErr[ref]; err != nil {
-		return runtime.Pulled{}, err
+		return containerd.Pulled{}, err
 	}
 	_, digest, _ := strings.Cut(ref, "@")
-	return runtime.Pulled{Name: ref, Digest: digest, Created: true}, nil
+	return containerd.Pulled{Name: ref, Digest: digest, Created: true}, nil
 }
 
 func (m *memRuntime) Registry() *registry.Policy { return nil }
 
-func (m *memRuntime) Prefetch(context.Context, string, runtime.PullOptions, int64) (func(), error) {
+func (m *memRuntime) Prefetch(context.Context, string, containerd.PullOptions, int64) (func(), error) {
 	return func() {}, nil
 }
 
@@ -101,7 +101,7 @@ func (m *memRuntime) ImageConfig(context.Context, string, string) (ocispec.Image
 
 // Run is a probe run: it prints the output set for the image, else a
 // passing verdict on the simulated H100.
-func (m *memRuntime) Run(_ context.Context, spec runtime.RunSpec) (runtime.RunResult, error) {
+func (m *memRuntime) Run(_ context.Context, spec containerd.RunSpec) (containerd.RunResult, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.runs = append(m.runs, spec.Image)
@@ -109,11 +109,11 @@ func (m *memRuntime) Run(_ context.Context, spec runtime.RunSpec) (runtime.RunRe
 	if !ok {
 		out = passing()
 	}
-	return runtime.RunResult{Output: []byte(out), ExitCode: m.exit[spec.Image]}, nil
+	return containerd.RunResult{Output: []byte(out), ExitCode: m.exit[spec.Image]}, nil
 }
 
-func (m *memRuntime) Sweep(context.Context) (runtime.Swept, error) { return runtime.Swept{}, nil }
-func (m *memRuntime) Namespace() string                            { return "mem" }
+func (m *memRuntime) Sweep(context.Context) (containerd.Swept, error) { return containerd.Swept{}, nil }
+func (m *memRuntime) Namespace() string                               { return "mem" }
 
 func (m *memRuntime) pulled() []string {
 	m.mu.Lock()

@@ -10,10 +10,10 @@ import (
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // NamedByPin: the key is a pin's own, as the provision that made it named it.
@@ -178,7 +178,7 @@ func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs)
 // image under the name now), from the image's own config, read as an
 // image without annotations is read. A pin's key and probe stand where
 // nothing else names them.
-func (p *Provisioner) fromReference(ctx context.Context, t *ProbeTarget, w want, pin *runtime.Pin, cfg ocispec.ImageConfig) {
+func (p *Provisioner) fromReference(ctx context.Context, t *ProbeTarget, w want, pin *containerd.Pin, cfg ocispec.ImageConfig) {
 	set, rerr := p.opts.Resolver.Resolve(ctx, t.Image)
 	var v *images.Variant
 	if rerr == nil {
@@ -216,7 +216,7 @@ func (p *Provisioner) fromReference(ctx context.Context, t *ProbeTarget, w want,
 // fromPin fills t from the index entry a pin was chosen from: its source,
 // or the image an override put in its place. It reports whether the entry
 // was found there.
-func (p *Provisioner) fromPin(ctx context.Context, t *ProbeTarget, pin *runtime.Pin, as ProbeAs) bool {
+func (p *Provisioner) fromPin(ctx context.Context, t *ProbeTarget, pin *containerd.Pin, as ProbeAs) bool {
 	sources := []string{pin.Source}
 	if ov, err := images.ParseOverride(pin.Override); err == nil && ov.Kind == images.OverrideImage {
 		sources = append(sources, ov.Image)
@@ -252,7 +252,7 @@ func (p *Provisioner) probeKind(meta images.Metadata, engine string) (probe.Kind
 
 // pinNamed is the pin an image name is: its digested reference or its
 // node-local name.
-func pinNamed(pins []runtime.Pin, name string) *runtime.Pin {
+func pinNamed(pins []containerd.Pin, name string) *containerd.Pin {
 	for i := range pins {
 		if pins[i].Tampered {
 			continue

@@ -9,13 +9,13 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // ProbeTarget reads an image in containerd as a provision reads it: the
@@ -60,7 +60,7 @@ func TestSimulatedProbeTargetIsWhatProvisionProbes(t *testing.T) {
 	if err != nil || pin == nil {
 		t.Fatalf("pin: %+v, %v", pin, err)
 	}
-	pulledUp, err := rt.Pull(ctx, upstream, runtime.PullOptions{Platform: facts.Platform})
+	pulledUp, err := rt.Pull(ctx, upstream, containerd.PullOptions{Platform: facts.Platform})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,10 +8,10 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // Defaults, the same the CLI uses: an embedded agent and an operator's
@@ -38,12 +38,12 @@ type config struct {
 	ProbeTimeout    time.Duration
 	ProbeMemory     uint64
 	ProbePids       int64
-	GPUs            *runtime.GPUs
+	GPUs            *containerd.GPUs
 	ProbeDir        string
 	CUDAProbeBinary string
 	SimProbeBinary  string
 	DefaultProbe    string
-	Progress        func(key string, p runtime.Progress)
+	Progress        func(key string, p containerd.Progress)
 	OnState         []func(Status)
 	Prefetch        int64 // WithPrefetch (prefetch.go)
 	Logger          *slog.Logger
@@ -161,7 +161,7 @@ func WithProbeLimits(memory uint64, pids int64) Option {
 
 // WithGPUs sets how GPUs reach the probe; default CDI with every GPU, and
 // none on a simulated node.
-func WithGPUs(g runtime.GPUs) Option { return func(c *config) error { c.GPUs = &g; return nil } }
+func WithGPUs(g containerd.GPUs) Option { return func(c *config) error { c.GPUs = &g; return nil } }
 
 // WithProbeDir sets where probe programs are staged on the host.
 func WithProbeDir(dir string) Option {
@@ -201,7 +201,7 @@ func WithDefaultProbe(kind string) Option {
 }
 
 // WithProgress receives pull progress.
-func WithProgress(fn func(key string, p runtime.Progress)) Option {
+func WithProgress(fn func(key string, p containerd.Progress)) Option {
 	return func(c *config) error { c.Progress = fn; return nil }
 }
 

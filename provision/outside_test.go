@@ -6,9 +6,9 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/registry"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // outside runs work on goroutines outside a synctest bubble. The loop's
@@ -65,42 +65,42 @@ func (o *outside) call(ctx context.Context, fn func(ctx context.Context)) {
 	}
 }
 
-// outsideRuntime is a runtime.Runtime whose calls run outside the bubble.
+// outsideRuntime is a containerd.Runtime whose calls run outside the bubble.
 type outsideRuntime struct {
-	rt *runtime.Runtime
+	rt *containerd.Runtime
 	o  *outside
 }
 
 func (r outsideRuntime) Namespace() string { return r.rt.Namespace() }
 
-func (r outsideRuntime) Pins(ctx context.Context) (pins []runtime.Pin, err error) {
+func (r outsideRuntime) Pins(ctx context.Context) (pins []containerd.Pin, err error) {
 	r.o.call(ctx, func(ctx context.Context) { pins, err = r.rt.Pins(ctx) })
 	return pins, err
 }
 
-func (r outsideRuntime) ListPins(ctx context.Context) (pins []runtime.Pin, err error) {
+func (r outsideRuntime) ListPins(ctx context.Context) (pins []containerd.Pin, err error) {
 	r.o.call(ctx, func(ctx context.Context) { pins, err = r.rt.ListPins(ctx) })
 	return pins, err
 }
 
 func (r outsideRuntime) Registry() *registry.Policy { return r.rt.Registry() }
 
-func (r outsideRuntime) Prefetch(ctx context.Context, ref string, opts runtime.PullOptions, maxBytes int64) (release func(), err error) {
+func (r outsideRuntime) Prefetch(ctx context.Context, ref string, opts containerd.PullOptions, maxBytes int64) (release func(), err error) {
 	r.o.call(ctx, func(ctx context.Context) { release, err = r.rt.Prefetch(ctx, ref, opts, maxBytes) })
 	return release, err
 }
 
-func (r outsideRuntime) PreviousPins(ctx context.Context) (pins []runtime.Pin, err error) {
+func (r outsideRuntime) PreviousPins(ctx context.Context) (pins []containerd.Pin, err error) {
 	r.o.call(ctx, func(ctx context.Context) { pins, err = r.rt.PreviousPins(ctx) })
 	return pins, err
 }
 
-func (r outsideRuntime) SetPin(ctx context.Context, p runtime.Pin, opts runtime.SetPinOptions) (err error) {
+func (r outsideRuntime) SetPin(ctx context.Context, p containerd.Pin, opts containerd.SetPinOptions) (err error) {
 	r.o.call(ctx, func(ctx context.Context) { err = r.rt.SetPin(ctx, p, opts) })
 	return err
 }
 
-func (r outsideRuntime) Pull(ctx context.Context, ref string, opts runtime.PullOptions) (p runtime.Pulled, err error) {
+func (r outsideRuntime) Pull(ctx context.Context, ref string, opts containerd.PullOptions) (p containerd.Pulled, err error) {
 	r.o.call(ctx, func(ctx context.Context) { p, err = r.rt.Pull(ctx, ref, opts) })
 	return p, err
 }
@@ -110,7 +110,7 @@ func (r outsideRuntime) ImageConfig(ctx context.Context, name, platform string) 
 	return c, err
 }
 
-func (r outsideRuntime) Run(ctx context.Context, spec runtime.RunSpec) (res runtime.RunResult, err error) {
+func (r outsideRuntime) Run(ctx context.Context, spec containerd.RunSpec) (res containerd.RunResult, err error) {
 	r.o.call(ctx, func(ctx context.Context) { res, err = r.rt.Run(ctx, spec) })
 	return res, err
 }
@@ -120,7 +120,7 @@ func (r outsideRuntime) DiscardCandidate(ctx context.Context, name string) (err 
 	return err
 }
 
-func (r outsideRuntime) Sweep(ctx context.Context) (s runtime.Swept, err error) {
+func (r outsideRuntime) Sweep(ctx context.Context) (s containerd.Swept, err error) {
 	r.o.call(ctx, func(ctx context.Context) { s, err = r.rt.Sweep(ctx) })
 	return s, err
 }

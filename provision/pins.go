@@ -4,22 +4,22 @@ import (
 	"context"
 	"errors"
 
-	"github.com/gpupin/gpupin/runtime"
+	"github.com/gpupin/gpupin/containerd"
 )
 
 // PinReader lists pins. Pins first restores any pin another client took
 // (it writes); ListPins reads them as containerd holds them, for whatever
 // only looks: Plan, `gpupin pins`.
 type PinReader interface {
-	Pins(ctx context.Context) ([]runtime.Pin, error)
-	ListPins(ctx context.Context) ([]runtime.Pin, error)
-	PreviousPins(ctx context.Context) ([]runtime.Pin, error)
+	Pins(ctx context.Context) ([]containerd.Pin, error)
+	ListPins(ctx context.Context) ([]containerd.Pin, error)
+	PreviousPins(ctx context.Context) ([]containerd.Pin, error)
 }
 
 // PinStatus is a pin as `gpupin pins` shows it: whether it still holds on
 // this node, and what its verdict says was simulated.
 type PinStatus struct {
-	runtime.Pin
+	containerd.Pin
 	// Valid is true when the pin was proved under this node's fingerprint;
 	// nil when the node's facts could not be read.
 	Valid *bool `json:"valid,omitempty"`
@@ -71,7 +71,7 @@ func (p *Provisioner) Pins(ctx context.Context, previous bool) ([]PinStatus, err
 
 // Replica is what RunPinned says of a replica before it starts.
 type Replica struct {
-	Pin runtime.Pin
+	Pin containerd.Pin
 	// Stale: the pin was proved under another driver or GPU set than the
 	// node has now; a provision proves it again.
 	Stale bool
@@ -80,20 +80,20 @@ type Replica struct {
 	Simulated bool
 }
 
-// RunPinned starts a replica from target's pin (runtime.FindPin: a key,
+// RunPinned starts a replica from target's pin (containerd.FindPin: a key,
 // a pinned reference, or the source a pin was made from) and waits for
 // its end. Only a pin runs: none is ErrNoPin, a tampered record
 // ErrTampered. The image, role, pin label and GPUs are RunPinned's: the
 // provisioner's (WithGPUs), else every GPU by CDI, none on a simulated
 // node. starting, when not nil, is told of the replica first.
-func (p *Provisioner) RunPinned(ctx context.Context, target string, spec runtime.RunSpec, starting func(Replica)) (runtime.RunResult, error) {
+func (p *Provisioner) RunPinned(ctx context.Context, target string, spec containerd.RunSpec, starting func(Replica)) (containerd.RunResult, error) {
 	pins, err := p.rt.Pins(ctx)
 	if err != nil {
-		return runtime.RunResult{}, err
+		return containerd.RunResult{}, err
 	}
-	pin, err := runtime.FindPin(pins, target)
+	pin, err := containerd.FindPin(pins, target)
 	if err != nil {
-		return runtime.RunResult{}, err
+		return containerd.RunResult{}, err
 	}
 	r := Replica{Pin: *pin, Simulated: pin.Simulated}
 	// Facts that cannot be read (no NVML) judge nothing: the pin runs.
@@ -102,12 +102,12 @@ func (p *Provisioner) RunPinned(ctx context.Context, target string, spec runtime
 		r.Simulated = r.Simulated || facts.Simulated
 		r.Stale = facts.Supported() && facts.Fingerprint() != pin.Node
 	}
-	spec.GPUs = runtime.DefaultGPUs(err == nil && facts.Simulated)
+	spec.GPUs = containerd.DefaultGPUs(err == nil && facts.Simulated)
 	if p.opts.GPUs != nil {
 		spec.GPUs = *p.opts.GPUs
 	}
 	spec.Image, spec.Role = pin.Ref, "replica"
-	spec.Labels = map[string]string{runtime.LabelPin: pin.Key}
+	spec.Labels = map[string]string{containerd.LabelPin: pin.Key}
 	if starting != nil {
 		starting(r)
 	}

@@ -8,10 +8,10 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // Pins judges each pin against the node as it is now; RunPinned runs only
@@ -47,7 +47,7 @@ func TestPinsAndRunPinnedSimulated(t *testing.T) {
 
 	var out strings.Builder
 	var told []provision.Replica
-	res, err := e.p.RunPinned(ctx, "demo:1.0", runtime.RunSpec{Args: []string{"/bin/sh", "-c", "echo replica; exit 3"}, Stdout: &out},
+	res, err := e.p.RunPinned(ctx, "demo:1.0", containerd.RunSpec{Args: []string{"/bin/sh", "-c", "echo replica; exit 3"}, Stdout: &out},
 		func(r provision.Replica) { told = append(told, r) })
 	if err != nil || res.ExitCode != 3 || out.String() != "replica\n" {
 		t.Fatalf("run: exit %d, %v, output %q", res.ExitCode, err, out.String())
@@ -55,7 +55,7 @@ func TestPinsAndRunPinnedSimulated(t *testing.T) {
 	if len(told) != 1 || !told[0].Stale || !told[0].Simulated || told[0].Pin.Key != "demo:1.0" {
 		t.Fatalf("told %+v; want one stale, simulated replica of demo:1.0", told)
 	}
-	if _, err := e.p.RunPinned(ctx, "demo:2.0", runtime.RunSpec{Args: []string{"true"}}, nil); !errors.Is(err, runtime.ErrNoPin) {
+	if _, err := e.p.RunPinned(ctx, "demo:2.0", containerd.RunSpec{Args: []string{"true"}}, nil); !errors.Is(err, containerd.ErrNoPin) {
 		t.Fatalf("run of a key without a pin: %v; want ErrNoPin", err)
 	}
 }

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // Outcomes of a plan beyond images' (ready-to-provision, none,
@@ -59,10 +59,10 @@ type Plan struct {
 	Outcome    string             `json:"outcome"`
 	Detail     string             `json:"detail,omitempty"`
 	// Pinned is the pin that answers as it is (OutcomePinned).
-	Pinned *runtime.Pin `json:"pinned,omitempty"`
+	Pinned *containerd.Pin `json:"pinned,omitempty"`
 	// Held is the key's current pin, whoever made it: kept if this fails.
-	Held     *runtime.Pin   `json:"held,omitempty"`
-	Conflict *ConflictError `json:"conflict,omitempty"`
+	Held     *containerd.Pin `json:"held,omitempty"`
+	Conflict *ConflictError  `json:"conflict,omitempty"`
 	// Err classes every outcome but ready-to-provision and pinned.
 	Err error `json:"-"`
 
@@ -91,7 +91,7 @@ func (p *Provisioner) Plan(ctx context.Context, ww Want) (*Plan, error) {
 
 // plan decides for w on facts and pins: the node, then a pin that answers,
 // then the key and override (reading the registry), then the choice.
-func (p *Provisioner) plan(ctx context.Context, w want, facts *node.Facts, pins []runtime.Pin) (*Plan, error) {
+func (p *Provisioner) plan(ctx context.Context, w want, facts *node.Facts, pins []containerd.Pin) (*Plan, error) {
 	pl := &Plan{Ref: w.Ref, Source: w.Ref, Node: facts, Simulated: facts.Simulated,
 		Candidates: []images.Candidate{}, Rejected: []images.Rejection{}}
 	pl.name(w, nil)
@@ -133,7 +133,7 @@ func (p *Provisioner) plan(ctx context.Context, w want, facts *node.Facts, pins 
 
 // answeredBy makes the plan the pin's: its key and override, and nothing
 // to do.
-func (pl *Plan) answeredBy(pin *runtime.Pin) {
+func (pl *Plan) answeredBy(pin *containerd.Pin) {
 	pl.Pinned, pl.Held = pin, pin
 	pl.Key, pl.Override, pl.OverrideFrom = pin.Key, pin.Override, "pin"
 	pl.Engine, pl.Version, _ = strings.Cut(pin.Key, ":")
@@ -258,7 +258,7 @@ func validKey(engine, version string) error {
 // pinFor finds the pin that answers w as it is: made from w's reference
 // (under w's key when the want names one), under the override that applies
 // to its engine now, and proved on this node as it is.
-func (p *Provisioner) pinFor(w want, pins []runtime.Pin, facts *node.Facts) (*runtime.Pin, error) {
+func (p *Provisioner) pinFor(w want, pins []containerd.Pin, facts *node.Facts) (*containerd.Pin, error) {
 	for i := range pins {
 		pin := &pins[i]
 		if pin.Source != w.Ref || pin.Tampered {
@@ -285,7 +285,7 @@ func (p *Provisioner) pinFor(w want, pins []runtime.Pin, facts *node.Facts) (*ru
 // checkHeld refuses what must not replace the key's current pin: another
 // source's pin, unless the want names the key itself; a pin proved on
 // hardware, from a simulated run.
-func checkHeld(pl *Plan, w want, pins []runtime.Pin, facts *node.Facts) error {
+func checkHeld(pl *Plan, w want, pins []containerd.Pin, facts *node.Facts) error {
 	held := pinOf(pins, pl.Key)
 	if held == nil {
 		// A tampered record is no pin, but it still holds its key against
@@ -319,12 +319,12 @@ func namedWhat(by string) string {
 // same driver and GPUs, and proved the same way — a pin made by a
 // simulated probe never stands for a proof on hardware, nor the reverse —
 // and that its record still points at the image its name says.
-func holds(pin *runtime.Pin, facts *node.Facts) bool {
+func holds(pin *containerd.Pin, facts *node.Facts) bool {
 	return pin != nil && !pin.Tampered && pin.Node == facts.Fingerprint() && pin.Simulated == facts.Simulated
 }
 
 // tamperedOf is a tampered record of key, if any.
-func tamperedOf(pins []runtime.Pin, key string) *runtime.Pin {
+func tamperedOf(pins []containerd.Pin, key string) *containerd.Pin {
 	for i := range pins {
 		if pins[i].Key == key && pins[i].Tampered {
 			return &pins[i]
@@ -333,7 +333,7 @@ func tamperedOf(pins []runtime.Pin, key string) *runtime.Pin {
 	return nil
 }
 
-func pinOf(pins []runtime.Pin, key string) *runtime.Pin {
+func pinOf(pins []containerd.Pin, key string) *containerd.Pin {
 	for i := range pins {
 		if pins[i].Key == key && !pins[i].Tampered {
 			return &pins[i]

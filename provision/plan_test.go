@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // The fast tier (go test -short): Plan on memRuntime and memResolver.
@@ -113,7 +113,7 @@ func TestPlanOverridePrecedenceSimulated(t *testing.T) {
 // node, does not.
 func TestPlanPinAnswersWithoutTheRegistrySimulated(t *testing.T) {
 	facts := h100("580.82.07", "13.0")
-	pin := runtime.Pin{Key: "demo:1.0", Ref: "registry.test/org/demo@sha256:" + strings.Repeat("a", 64), Variant: "cu13", Source: demoRef,
+	pin := containerd.Pin{Key: "demo:1.0", Ref: "registry.test/org/demo@sha256:" + strings.Repeat("a", 64), Variant: "cu13", Source: demoRef,
 		Override: "auto", Node: facts.Fingerprint(), ProbedAt: time.Now(), Simulated: true}
 	for _, tc := range []struct {
 		name    string
@@ -127,7 +127,7 @@ func TestPlanPinAnswersWithoutTheRegistrySimulated(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newMemRuntime()
-			m.pins = []runtime.Pin{pin}
+			m.pins = []containerd.Pin{pin}
 			// No sets: a plan that reads the registry fails, and says so.
 			p := memProvisioner(t, m, memResolver{}, tc.node)
 			pl, err := p.Plan(t.Context(), tc.want)

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // WithPrefetch overlaps a fallback with the probe it follows: while
 // candidate N is probed, candidate N+1's layers are already fetched and
-// unpacked (runtime.Prefetch), so a candidate that fails its probe costs
+// unpacked (containerd.Prefetch), so a candidate that fails its probe costs
 // the probe, not a second full pull. It is off by default: the prefetch
 // takes bandwidth, CPU and disk while the probe runs, and is thrown away
 // whenever the first candidate passes, which is the common case. maxBytes
@@ -32,7 +32,7 @@ func WithPrefetch(maxBytes int64) Option {
 // Prefetcher fetches and unpacks a candidate ahead of its turn; release
 // lets go of what it holds.
 type Prefetcher interface {
-	Prefetch(ctx context.Context, ref string, opts runtime.PullOptions, maxBytes int64) (func(), error)
+	Prefetch(ctx context.Context, ref string, opts containerd.PullOptions, maxBytes int64) (func(), error)
 }
 
 // prefetcher runs one provision's prefetches: at most one, of the
@@ -102,7 +102,7 @@ func probing(ctx context.Context) {
 	done := f.done
 	go func() {
 		defer close(done)
-		release, err := f.rt.Prefetch(pctx, c.Ref, runtime.PullOptions{Platform: f.platform, MediaType: c.MediaType}, f.maxBytes)
+		release, err := f.rt.Prefetch(pctx, c.Ref, containerd.PullOptions{Platform: f.platform, MediaType: c.MediaType}, f.maxBytes)
 		if err != nil {
 			if !errors.Is(err, context.Canceled) {
 				f.log("prefetch skipped", "variant", c.Variant, "ref", c.Ref, "reason", err.Error())

@@ -9,17 +9,17 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // Runner runs a container to its end, and reads an image's config (the
 // probe's mounts and defaults come from it).
 type Runner interface {
 	ImageConfig(ctx context.Context, name, platform string) (ocispec.ImageConfig, error)
-	Run(ctx context.Context, spec runtime.RunSpec) (runtime.RunResult, error)
+	Run(ctx context.Context, spec containerd.RunSpec) (containerd.RunResult, error)
 }
 
 // Probe runs an image's probe in a container of that image (already
@@ -40,7 +40,7 @@ func (p *Provisioner) Probe(ctx context.Context, image string, meta images.Metad
 	if err != nil {
 		return nil, "", err
 	}
-	res, err := p.rt.Run(ctx, runtime.RunSpec{
+	res, err := p.rt.Run(ctx, containerd.RunSpec{
 		Image: image, Args: run.prog.Args, Env: run.prog.Env, Mounts: run.mounts(), GPUs: run.gpus, Hardened: true, Role: "probe",
 		MemoryLimit: p.opts.ProbeMemory, PidsLimit: p.opts.ProbePids, Timeout: p.opts.ProbeTimeout,
 	})
@@ -86,7 +86,7 @@ func (p *Provisioner) ProbeImage(ctx context.Context, image string, as ProbeAs) 
 type probeRun struct {
 	kind probe.Kind
 	prog probe.Program
-	gpus runtime.GPUs
+	gpus containerd.GPUs
 }
 
 // prepareProbe chooses the probe (probeKind; the emulator for a simulated
@@ -141,7 +141,7 @@ func (p *Provisioner) prepareProbe(ctx context.Context, image string, meta image
 	if err != nil {
 		return nil, err
 	}
-	gpus := runtime.DefaultGPUs(facts.Simulated)
+	gpus := containerd.DefaultGPUs(facts.Simulated)
 	if p.opts.GPUs != nil {
 		gpus = *p.opts.GPUs
 	}
@@ -160,10 +160,10 @@ func simOptions(facts *node.Facts, meta images.Metadata, cfg *ocispec.ImageConfi
 	return sim
 }
 
-func (r *probeRun) mounts() []runtime.Mount {
-	var out []runtime.Mount
+func (r *probeRun) mounts() []containerd.Mount {
+	var out []containerd.Mount
 	for _, m := range r.prog.Mounts {
-		out = append(out, runtime.Mount{Source: m.Source, Destination: m.Destination})
+		out = append(out, containerd.Mount{Source: m.Source, Destination: m.Destination})
 	}
 	return out
 }
@@ -172,7 +172,7 @@ func (r *probeRun) mounts() []runtime.Mount {
 // its timeout, a program that could not start in the image, or the
 // runtime's own error.
 func (r *probeRun) runFailed(output []byte, err error, timeout time.Duration) error {
-	if errors.Is(err, runtime.ErrTimeout) {
+	if errors.Is(err, containerd.ErrTimeout) {
 		return probe.NewFailure(fmt.Sprintf("%s probe did not finish in %s and was killed", r.kind, timeout), output)
 	}
 	if reason := probe.Explain(r.prog, output, err); reason != "" {
@@ -248,13 +248,13 @@ func variantCUDA(meta images.Metadata, cfg *ocispec.ImageConfig) string {
 }
 
 // allGPUs reports whether a probe run was given every GPU of the node.
-func allGPUs(g runtime.GPUs) bool {
+func allGPUs(g containerd.GPUs) bool {
 	switch g.Mode {
-	case runtime.GPUCDI:
-		return len(g.Devices) == 1 && g.Devices[0] == runtime.DefaultCDIDevice
-	case runtime.GPUNvidiaRuntime:
+	case containerd.GPUCDI:
+		return len(g.Devices) == 1 && g.Devices[0] == containerd.DefaultCDIDevice
+	case containerd.GPUNvidiaRuntime:
 		return len(g.Devices) == 0 || (len(g.Devices) == 1 && g.Devices[0] == "all")
-	case runtime.GPUNone:
+	case containerd.GPUNone:
 		return true // the simulated probe reports the node's GPUs
 	}
 	return false

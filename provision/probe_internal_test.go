@@ -4,9 +4,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 func TestUncoveredGPUs(t *testing.T) {
@@ -55,13 +55,13 @@ func TestUncoveredGPUs(t *testing.T) {
 
 func TestAllGPUs(t *testing.T) {
 	for _, tc := range []struct {
-		g    runtime.GPUs
+		g    containerd.GPUs
 		want bool
 	}{
-		{runtime.GPUs{Mode: runtime.GPUCDI, Devices: []string{runtime.DefaultCDIDevice}}, true},
-		{runtime.GPUs{Mode: runtime.GPUCDI, Devices: []string{"nvidia.com/gpu=0"}}, false},
-		{runtime.GPUs{Mode: runtime.GPUNvidiaRuntime}, true},
-		{runtime.GPUs{Mode: runtime.GPUNvidiaRuntime, Devices: []string{"0"}}, false},
+		{containerd.GPUs{Mode: containerd.GPUCDI, Devices: []string{containerd.DefaultCDIDevice}}, true},
+		{containerd.GPUs{Mode: containerd.GPUCDI, Devices: []string{"nvidia.com/gpu=0"}}, false},
+		{containerd.GPUs{Mode: containerd.GPUNvidiaRuntime}, true},
+		{containerd.GPUs{Mode: containerd.GPUNvidiaRuntime, Devices: []string{"0"}}, false},
 	} {
 		if got := allGPUs(tc.g); got != tc.want {
 			t.Errorf("allGPUs(%+v) = %v, want %v", tc.g, got, tc.want)

@@ -12,13 +12,13 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // The tests here run each kind of probe, for real, in its simulated mode,
@@ -47,11 +47,11 @@ func publish(t *testing.T, reg *sandbox.Registry, name string, vs ...variantImag
 	return ref
 }
 
-func newProvisioner(t *testing.T, rt *runtime.Runtime, facts *node.Facts, extra ...provision.Option) *provision.Provisioner {
+func newProvisioner(t *testing.T, rt *containerd.Runtime, facts *node.Facts, extra ...provision.Option) *provision.Provisioner {
 	return testenv.Provisioner(t, rt, testOptions(t, testenv.NewNode(facts), extra...)...)
 }
 
-func assertNoPins(t *testing.T, rt *runtime.Runtime) {
+func assertNoPins(t *testing.T, rt *containerd.Runtime) {
 	t.Helper()
 	pins, err := rt.Pins(context.Background())
 	if err != nil || len(pins) != 0 {
@@ -166,7 +166,7 @@ func TestSimulatedTorchProbeInRealPython(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pulled, err := rt.Pull(ctx, set.Variants[0].Ref, runtime.PullOptions{})
+		pulled, err := rt.Pull(ctx, set.Variants[0].Ref, containerd.PullOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -416,7 +416,7 @@ func TestSimulatedModeRefusedOnRealNode(t *testing.T) {
 			reg := testenv.Registry(t)
 			rt := testenv.Runtime(t)
 			ref := publish(t, reg, "selftest", variantImage{images.Metadata{Engine: "selftest", Variant: "cu129", CUDA: "12.9", Probe: "exec", ProbeExec: string(argv)}, img})
-			p := newProvisioner(t, rt, &realNode, provision.WithGPUs(runtime.GPUs{Mode: runtime.GPUNone}))
+			p := newProvisioner(t, rt, &realNode, provision.WithGPUs(containerd.GPUs{Mode: containerd.GPUNone}))
 			st := p.Provision(ctx, provision.Want{Ref: ref})
 			if f := probeFailure(t, st); !strings.Contains(f.Reason, tt.wantReason) {
 				t.Fatalf("reason %q, want %q", f.Reason, tt.wantReason)

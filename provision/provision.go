@@ -12,17 +12,17 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/registry"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // Runtime is everything a Provisioner asks of containerd, said in full so
 // that a wrapper (a test's, a metrics layer) that lacks a part does not
 // compile, rather than silently losing a feature. Each part is declared
-// beside the code that uses it; runtime.Runtime is all of them.
+// beside the code that uses it; containerd.Runtime is all of them.
 type Runtime interface {
 	PinReader  // pins.go
 	PinWriter  // this file
@@ -37,7 +37,7 @@ type Runtime interface {
 
 // PinWriter makes a pin, and drops a candidate that did not become one.
 type PinWriter interface {
-	SetPin(ctx context.Context, p runtime.Pin, opts runtime.SetPinOptions) error
+	SetPin(ctx context.Context, p containerd.Pin, opts containerd.SetPinOptions) error
 	DiscardCandidate(ctx context.Context, name string) error
 }
 
@@ -46,7 +46,7 @@ type PinWriter interface {
 // so that what is resolved is what is pulled.
 type Puller interface {
 	WithLease(ctx context.Context, fn func(ctx context.Context) error) error
-	Pull(ctx context.Context, ref string, opts runtime.PullOptions) (runtime.Pulled, error)
+	Pull(ctx context.Context, ref string, opts containerd.PullOptions) (containerd.Pulled, error)
 	Registry() *registry.Policy
 }
 
@@ -246,7 +246,7 @@ func (st Status) planned(pl *Plan) (Status, bool) {
 // tryCandidates tries the plan's candidates in order until one is pinned.
 // Auto and an operator's image fall back to the next; a forced variant
 // does not, nor does a cancelled provision or a key taken meanwhile.
-func (p *Provisioner) tryCandidates(ctx context.Context, st Status, pl *Plan, w want, pins []runtime.Pin) Status {
+func (p *Provisioner) tryCandidates(ctx context.Context, st Status, pl *Plan, w want, pins []containerd.Pin) Status {
 	pf := p.prefetchFor(ctx, pl, pl.Node.Platform) // WithPrefetch; nil does nothing
 	defer pf.close()
 	for i, c := range pl.Candidates {
@@ -280,7 +280,7 @@ func (p *Provisioner) tryCandidates(ctx context.Context, st Status, pl *Plan, w 
 // allFailed is the status when no candidate passed: ErrAllFailed over
 // every attempt's error. An earlier pin is unchanged, and named as what
 // replicas may keep starting from while it still holds on this node.
-func (st Status) allFailed(pl *Plan, old *runtime.Pin) Status {
+func (st Status) allFailed(pl *Plan, old *containerd.Pin) Status {
 	detail := attemptsSummary(st.Attempts)
 	if len(pl.Candidates) > 1 {
 		detail = fmt.Sprintf("all %d candidates failed: %s", len(st.Attempts), detail)
@@ -310,7 +310,7 @@ func (p *Provisioner) raced(ctx context.Context, st Status, w want, facts *node.
 
 // heldConflict is SetPin's refusal as provision's conflict.
 func heldConflict(err error, pl *Plan, w want) error {
-	var held *runtime.HeldError
+	var held *containerd.HeldError
 	if !errors.As(err, &held) {
 		return err
 	}
@@ -328,10 +328,10 @@ func cause(ctx context.Context, err error) error {
 }
 
 // try pulls, probes and pins one candidate under a lease.
-func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Candidate, w want) (runtime.Pin, *probe.Verdict, *Attempt) {
+func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Candidate, w want) (containerd.Pin, *probe.Verdict, *Attempt) {
 	facts := pl.Node
 	var (
-		pin     runtime.Pin
+		pin     containerd.Pin
 		verdict *probe.Verdict
 		attempt *Attempt
 	)
@@ -346,7 +346,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		st.State, st.Attempted, st.Detail = Pulling, c.Variant, "pulling "+c.Ref
 		p.emit(ctx, *st)
 		watch := p.watchPull(ctx, *st)
-		pulled, err := p.rt.Pull(ctx, c.Ref, runtime.PullOptions{Platform: facts.Platform, MediaType: c.MediaType, Progress: func(pr runtime.Progress) {
+		pulled, err := p.rt.Pull(ctx, c.Ref, containerd.PullOptions{Platform: facts.Platform, MediaType: c.MediaType, Progress: func(pr containerd.Progress) {
 			watch.progress(pr)
 			if p.opts.Progress != nil {
 				p.opts.Progress(st.Key, pr)
@@ -371,7 +371,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		verdict = v
 		st.ProbeOutput = out
 		kind, _ := v.Runtime["probe"].(string) // Probe says which ran, the emulator included
-		pin = runtime.Pin{
+		pin = containerd.Pin{
 			Key: st.Key, Ref: pulled.Name, Digest: pulled.Digest, Variant: c.Variant, Source: w.Ref,
 			Override: pl.Override, Node: facts.Fingerprint(), ProbedAt: time.Now(),
 			Probe: kind, Verdict: compactVerdict(v), Simulated: facts.Simulated,
@@ -379,7 +379,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		// The pin is one update plus a demotion: once begun it is
 		// finished, whatever happens to the caller meanwhile.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		err = p.rt.SetPin(pctx, pin, runtime.SetPinOptions{Takeover: pl.NamedBy == NamedByWant})
+		err = p.rt.SetPin(pctx, pin, containerd.SetPinOptions{Takeover: pl.NamedBy == NamedByWant})
 		cancel()
 		if err != nil {
 			fail("pin", heldConflict(err, pl, w), "")
@@ -470,7 +470,7 @@ func (p *Provisioner) watchPull(ctx context.Context, st Status) *pullWatch {
 	return w
 }
 
-func (w *pullWatch) progress(pr runtime.Progress) {
+func (w *pullWatch) progress(pr containerd.Progress) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	// A byte now and then is no progress: as the registry policy judges a

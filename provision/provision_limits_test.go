@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/registry"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // The probe's limits reach its cgroup: the defaults (16 GiB, swap no
@@ -71,7 +71,7 @@ func TestProvisionSimulatedProvisionTimeoutSaysSo(t *testing.T) {
 				<-r.Context().Done()
 				return true
 			})
-			rt := testenv.Runtime(t, runtime.WithRegistry(registry.New(registry.Config{HeaderTimeout: 10 * time.Minute})))
+			rt := testenv.Runtime(t, containerd.WithRegistry(registry.New(registry.Config{HeaderTimeout: 10 * time.Minute})))
 			n := testenv.NewNode(h100("575.57.08", "12.9"))
 			return &env{reg: reg, rt: rt, node: n, ref: reg.Host + "/demo:1.0",
 				p: testenv.Provisioner(t, rt, testOptions(t, n, provision.WithTimeout(3*time.Second))...)}

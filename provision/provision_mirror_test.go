@@ -10,11 +10,11 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/registry"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // upstream is a registry name no DNS knows: only certs.d reaches it.
@@ -22,10 +22,10 @@ const upstream = "registry.gpupin.invalid"
 
 // mirrorProvisioner provisions through a certs.d directory whose
 // hosts.toml for upstream is body.
-func mirrorProvisioner(t *testing.T, body string) (*provision.Provisioner, *runtime.Runtime) {
+func mirrorProvisioner(t *testing.T, body string) (*provision.Provisioner, *containerd.Runtime) {
 	t.Helper()
 	policy := registry.New(registry.Config{HostsDir: testenv.HostsToml(t, "", upstream, body)})
-	rt := testenv.Runtime(t, runtime.WithRegistry(policy))
+	rt := testenv.Runtime(t, containerd.WithRegistry(policy))
 	return testenv.Provisioner(t, rt, testOptions(t, testenv.NewNode(h100("575.57.08", "12.9")))...), rt
 }
 
@@ -59,8 +59,8 @@ func TestProvisionSimulatedThroughMirrorKeepsUpstreamName(t *testing.T) {
 			if err != nil {
 				t.Fatalf("no record under the upstream name %s: %v", st.Pinned, err)
 			}
-			if got := img.Labels[runtime.LabelSource]; got != ref {
-				t.Errorf("%s = %q, want %q", runtime.LabelSource, got, ref)
+			if got := img.Labels[containerd.LabelSource]; got != ref {
+				t.Errorf("%s = %q, want %q", containerd.LabelSource, got, ref)
 			}
 			all, err := rt.Client().ImageService().List(testenv.Context(rt))
 			if err != nil {

@@ -16,13 +16,13 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -35,7 +35,7 @@ var (
 
 type env struct {
 	reg  *sandbox.Registry
-	rt   *runtime.Runtime
+	rt   *containerd.Runtime
 	node *testenv.Node
 	p    *provision.Provisioner
 	ref  string
@@ -105,19 +105,19 @@ func TestProvisionSimulatedPicksVariantAndPinsIt(t *testing.T) {
 	}
 	f := h100("575.57.08", "12.9")
 	for k, v := range map[string]string{
-		runtime.LabelPin: "demo:1.0", runtime.LabelVariant: "cu129", runtime.LabelSource: e.ref,
-		runtime.LabelNode: f.Fingerprint(), runtime.LabelCRIPinned: "pinned", runtime.LabelOverride: "auto",
-		runtime.LabelSimulated: "true",
+		containerd.LabelPin: "demo:1.0", containerd.LabelVariant: "cu129", containerd.LabelSource: e.ref,
+		containerd.LabelNode: f.Fingerprint(), containerd.LabelCRIPinned: "pinned", containerd.LabelOverride: "auto",
+		containerd.LabelSimulated: "true",
 	} {
 		if img.Labels[k] != v {
 			t.Errorf("label %s = %q, want %q", k, img.Labels[k], v)
 		}
 	}
-	if _, err := time.Parse(time.RFC3339, img.Labels[runtime.LabelProbedAt]); err != nil {
-		t.Errorf("probed-at label %q: %v", img.Labels[runtime.LabelProbedAt], err)
+	if _, err := time.Parse(time.RFC3339, img.Labels[containerd.LabelProbedAt]); err != nil {
+		t.Errorf("probed-at label %q: %v", img.Labels[containerd.LabelProbedAt], err)
 	}
-	if !strings.Contains(img.Labels[runtime.LabelVerdict], `"ok":true`) {
-		t.Errorf("verdict label %q", img.Labels[runtime.LabelVerdict])
+	if !strings.Contains(img.Labels[containerd.LabelVerdict], `"ok":true`) {
+		t.Errorf("verdict label %q", img.Labels[containerd.LabelVerdict])
 	}
 	assertNoLeftovers(t, e.rt)
 }
@@ -177,11 +177,11 @@ devices:
       env:
         - GPUPIN_CDI_TEST=from-cdi
 `), 0o644)
-	e := &env{reg: testenv.Registry(t), rt: testenv.Runtime(t, runtime.WithCDISpecDirs(specDir)), node: testenv.NewNode(h100("580.82.07", "13.0"))}
+	e := &env{reg: testenv.Registry(t), rt: testenv.Runtime(t, containerd.WithCDISpecDirs(specDir)), node: testenv.NewNode(h100("580.82.07", "13.0"))}
 	if _, err := sandbox.PublishEngine(ctx, e.reg.Host, "demo", "1.0", []sandbox.EngineVariant{cu13}); err != nil {
 		t.Fatal(err)
 	}
-	gpus := runtime.GPUs{Mode: runtime.GPUCDI, Devices: []string{runtime.DefaultCDIDevice}}
+	gpus := containerd.GPUs{Mode: containerd.GPUCDI, Devices: []string{containerd.DefaultCDIDevice}}
 	e.p = testenv.Provisioner(t, e.rt, testOptions(t, e.node, provision.WithGPUs(gpus))...)
 	st := e.p.Provision(ctx, provision.Want{Ref: e.reg.Host + "/demo:1.0"})
 	if st.State != provision.Ready {
@@ -321,7 +321,7 @@ func TestProvisionSimulatedConcurrentSameEngineOnePull(t *testing.T) {
 	}
 }
 
-func assertNoLeftovers(t *testing.T, rt *runtime.Runtime) {
+func assertNoLeftovers(t *testing.T, rt *containerd.Runtime) {
 	t.Helper()
 	ctx := testenv.Context(rt)
 	conts, err := rt.Client().Containers(ctx)
@@ -335,7 +335,7 @@ func assertNoLeftovers(t *testing.T, rt *runtime.Runtime) {
 	// A pin's lease and its node-local name belong to the pin.
 	pinned := map[string]string{} // key -> digest
 	for _, img := range imgs {
-		if k := img.Labels[runtime.LabelPin]; k != "" {
+		if k := img.Labels[containerd.LabelPin]; k != "" {
 			pinned[k] = img.Target.Digest.String()
 		}
 	}
@@ -344,15 +344,15 @@ func assertNoLeftovers(t *testing.T, rt *runtime.Runtime) {
 		t.Fatal(err)
 	}
 	for _, l := range ls {
-		if l.Labels[runtime.LabelRole] != runtime.PinLeaseRole || pinned[l.Labels[runtime.LabelPin]] == "" {
+		if l.Labels[containerd.LabelRole] != containerd.PinLeaseRole || pinned[l.Labels[containerd.LabelPin]] == "" {
 			t.Errorf("lease left: %s %v", l.ID, l.Labels)
 		}
 	}
 	for _, img := range imgs {
-		if k := img.Labels[runtime.LabelLocal]; k != "" && pinned[k] == img.Target.Digest.String() {
+		if k := img.Labels[containerd.LabelLocal]; k != "" && pinned[k] == img.Target.Digest.String() {
 			continue
 		}
-		if img.Labels[runtime.LabelPin] == "" {
+		if img.Labels[containerd.LabelPin] == "" {
 			t.Errorf("unpinned image record left: %s %v", img.Name, img.Labels)
 		}
 	}
@@ -441,14 +441,14 @@ func TestProvisionSimulatedNeverReplacesHardwarePin(t *testing.T) {
 	ctx := context.Background()
 	e := setup(t, h100("575.57.08", "12.9"), []sandbox.EngineVariant{cu129})
 	child := e.childRef(t, "cu129")
-	if _, err := e.rt.Pull(ctx, child, runtime.PullOptions{}); err != nil {
+	if _, err := e.rt.Pull(ctx, child, containerd.PullOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	real := *h100("575.57.08", "12.9")
 	real.Simulated = false
-	hw := runtime.Pin{Key: "demo:1.0", Ref: child, Variant: "cu129", Source: e.ref, Override: "auto",
+	hw := containerd.Pin{Key: "demo:1.0", Ref: child, Variant: "cu129", Source: e.ref, Override: "auto",
 		Node: real.Fingerprint(), ProbedAt: time.Now().Add(-time.Hour).Truncate(time.Second), Probe: "cuda", Verdict: `{"ok":true}`}
-	if err := e.rt.SetPin(ctx, hw, runtime.SetPinOptions{}); err != nil {
+	if err := e.rt.SetPin(ctx, hw, containerd.SetPinOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// Same driver and GPUs, but simulated: the hardware pin does not count
@@ -547,17 +547,17 @@ func TestProvisionFailureKeepsTheEarlierPinSimulated(t *testing.T) {
 	}
 }
 
-// New refuses what would fail later: a nil *runtime.Runtime, and an
+// New refuses what would fail later: a nil *containerd.Runtime, and an
 // option's bad value.
 func TestNewRefuses(t *testing.T) {
-	var nilRuntime *runtime.Runtime
+	var nilRuntime *containerd.Runtime
 	for _, tc := range []struct {
 		name string
 		rt   provision.Runtime
 		opt  provision.Option
 		want string
 	}{
-		{"a nil *runtime.Runtime", nilRuntime, nil, "nil *runtime.Runtime"},
+		{"a nil *containerd.Runtime", nilRuntime, nil, "nil *containerd.Runtime"},
 		{"a negative timeout", nil, provision.WithTimeout(-time.Second), "WithTimeout(-1s)"},
 		{"a negative probe timeout", nil, provision.WithProbeTimeout(-time.Second), "WithProbeTimeout(-1s)"},
 		{"negative pids", nil, provision.WithProbeLimits(0, -1), "pids -1"},

@@ -16,9 +16,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/probe"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // State is where a provision stands.
@@ -63,10 +63,10 @@ type Status struct {
 	// stays in place. Variant is Pinned's own variant, set exactly when
 	// Pinned is: a forced cu13 that failed beside a cu129 pin is
 	// attempted cu13, variant cu129.
-	Pinned  string         `json:"pinned,omitempty"`
-	Variant string         `json:"variant,omitempty"`
-	Pin     *runtime.Pin   `json:"pin,omitempty"`
-	Verdict *probe.Verdict `json:"verdict,omitempty"`
+	Pinned  string          `json:"pinned,omitempty"`
+	Variant string          `json:"variant,omitempty"`
+	Pin     *containerd.Pin `json:"pin,omitempty"`
+	Verdict *probe.Verdict  `json:"verdict,omitempty"`
 	// ProbeOutput is the tail of the passing probe's output.
 	ProbeOutput string             `json:"probe_output,omitempty"`
 	Attempts    []Attempt          `json:"attempts,omitempty"`
@@ -125,7 +125,7 @@ func (s Status) fail(err error) Status {
 	return s
 }
 
-func (s Status) ready(pin runtime.Pin, fromPin bool, detail string) Status {
+func (s Status) ready(pin containerd.Pin, fromPin bool, detail string) Status {
 	s.State, s.Detail, s.FromPin, s.Err = Ready, detail, fromPin, nil
 	s.Pin, s.Pinned, s.Variant = &pin, pin.Ref, pin.Variant
 	if e, v, ok := strings.Cut(pin.Key, ":"); ok {

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpupin/gpupin/runtime"
+	"github.com/gpupin/gpupin/containerd"
 )
 
 // gpupin detect says what decompresses gzip layers, and what to install
@@ -17,7 +17,7 @@ func TestDecompressNote(t *testing.T) {
 		{"/usr/bin/unpigz", "apt-get install isal"},
 		{"", "apt-get install isal pigz"},
 	} {
-		if got := decompressNote(runtime.Decompressors{Gzip: c.gzip}); !strings.Contains(got, c.want) {
+		if got := decompressNote(containerd.Decompressors{Gzip: c.gzip}); !strings.Contains(got, c.want) {
 			t.Errorf("gzip %q: %q, want it to say %q", c.gzip, got, c.want)
 		}
 	}

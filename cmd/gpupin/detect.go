@@ -9,8 +9,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/node"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 func init() { register(detectCommand) }
@@ -53,10 +53,10 @@ func runDetect(c *cli.Context) error {
 			// what containerd's CRI plugin does with pins, when it answers.
 			out := struct {
 				*node.Facts
-				Containerd *runtime.CRIPinning   `json:"containerd,omitempty"`
-				Namespace  *namespaceNote        `json:"namespace,omitempty"`
-				Layers     *runtime.LayerStorage `json:"layers,omitempty"`
-				LocalNames *runtime.LocalNames   `json:"local_names,omitempty"`
+				Containerd *containerd.CRIPinning   `json:"containerd,omitempty"`
+				Namespace  *namespaceNote           `json:"namespace,omitempty"`
+				Layers     *containerd.LayerStorage `json:"layers,omitempty"`
+				LocalNames *containerd.LocalNames   `json:"local_names,omitempty"`
 			}{Facts: f, Containerd: criPinning(c, s)}
 			if s.rt != nil {
 				out.Namespace = namespaceOf(s.rt)
@@ -74,7 +74,7 @@ func runDetect(c *cli.Context) error {
 			writeFacts(w, f)
 			writeCRINote(c, w, s)
 			writeFleetNotes(c, w, s)
-			fmt.Fprint(w, decompressNote(runtime.FindDecompressors()))
+			fmt.Fprint(w, decompressNote(containerd.FindDecompressors()))
 		}
 		if !f.Supported() {
 			return cli.Exit("", exitNoResult)
@@ -87,7 +87,7 @@ func runDetect(c *cli.Context) error {
 // extracts layers itself and, as containerd does, runs igzip or unpigz when
 // it finds them (about 4× and 1.5× Go's speed on one core); without either,
 // a gzip image's pull is bound by Go's decoder.
-func decompressNote(d runtime.Decompressors) string {
+func decompressNote(d containerd.Decompressors) string {
 	switch filepath.Base(d.Gzip) {
 	case "igzip":
 		return fmt.Sprintf("gzip layers: igzip (%s)\n", d.Gzip)
@@ -144,7 +144,7 @@ func writeCRINote(c *cli.Context, w io.Writer, s *session) {
 	}
 	fmt.Fprintf(w, "containerd:  %s, namespace %s\n", cri.Version, s.rt.Namespace())
 	fmt.Fprintf(w, "  pinned:    %s\n", cri.Note)
-	if cri.How == runtime.CRISeen {
+	if cri.How == containerd.CRISeen {
 		fmt.Fprintf(w, "  (seen: the CRI plugin reports %s pinned: %v)\n", cri.Image, cri.Kept)
 	} else {
 		fmt.Fprintf(w, "  (%s: %s)\n", cri.How, cri.Why)
@@ -160,13 +160,13 @@ type namespaceNote struct {
 	Note       string `json:"note"`
 }
 
-func namespaceOf(rt *runtime.Runtime) *namespaceNote {
-	n := &namespaceNote{Name: rt.Namespace(), Kubernetes: rt.Namespace() == runtime.CRINamespace}
+func namespaceOf(rt *containerd.Runtime) *namespaceNote {
+	n := &namespaceNote{Name: rt.Namespace(), Kubernetes: rt.Namespace() == containerd.CRINamespace}
 	if n.Kubernetes {
 		n.Note = "kubelet sees the pins and their local names, and a peer-to-peer mirror (Spegel) shares their blobs"
 	} else {
 		n.Note = fmt.Sprintf("kubelet and a peer-to-peer mirror (Spegel) read only %s: pods do not see pins made in %s, and peers get none of their blobs; "+
-			"under Kubernetes give --namespace %s (CONTAINERD_NAMESPACE=%s, as the DaemonSet sets; the systemd unit reads it from /etc/gpupin/environment)", runtime.CRINamespace, n.Name, runtime.CRINamespace, runtime.CRINamespace)
+			"under Kubernetes give --namespace %s (CONTAINERD_NAMESPACE=%s, as the DaemonSet sets; the systemd unit reads it from /etc/gpupin/environment)", containerd.CRINamespace, n.Name, containerd.CRINamespace, containerd.CRINamespace)
 	}
 	return n
 }
@@ -197,7 +197,7 @@ func writeFleetNotes(c *cli.Context, w io.Writer, s *session) {
 
 // criPinning is what containerd's CRI plugin does with pins, or nil when
 // containerd does not answer.
-func criPinning(c *cli.Context, s *session) *runtime.CRIPinning {
+func criPinning(c *cli.Context, s *session) *containerd.CRIPinning {
 	if s.rt == nil {
 		return nil
 	}

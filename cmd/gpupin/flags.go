@@ -10,19 +10,19 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/registry"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 func globalFlags() []cli.Flag {
 	return append([]cli.Flag{
-		&cli.StringFlag{Name: "address", Value: runtime.DefaultAddress, EnvVars: []string{"CONTAINERD_ADDRESS"}, Usage: "containerd socket"},
-		&cli.StringFlag{Name: "namespace", Value: runtime.DefaultNamespace, EnvVars: []string{"CONTAINERD_NAMESPACE"}, Usage: "containerd namespace (k8s.io under Kubernetes, so kubelet sees the pins)"},
-		&cli.StringFlag{Name: "local-prefix", Value: runtime.DefaultLocalPrefix, EnvVars: []string{"GPUPIN_LOCAL_PREFIX"}, Usage: "prefix of each pin's node-local name, `PREFIX`/ENGINE:VERSION, for pods with imagePullPolicy: Never"},
-		&cli.StringFlag{Name: "snapshotter", Value: runtime.DefaultSnapshotter, EnvVars: []string{"CONTAINERD_SNAPSHOTTER"}, Usage: "containerd snapshotter"},
+		&cli.StringFlag{Name: "address", Value: containerd.DefaultAddress, EnvVars: []string{"CONTAINERD_ADDRESS"}, Usage: "containerd socket"},
+		&cli.StringFlag{Name: "namespace", Value: containerd.DefaultNamespace, EnvVars: []string{"CONTAINERD_NAMESPACE"}, Usage: "containerd namespace (k8s.io under Kubernetes, so kubelet sees the pins)"},
+		&cli.StringFlag{Name: "local-prefix", Value: containerd.DefaultLocalPrefix, EnvVars: []string{"GPUPIN_LOCAL_PREFIX"}, Usage: "prefix of each pin's node-local name, `PREFIX`/ENGINE:VERSION, for pods with imagePullPolicy: Never"},
+		&cli.StringFlag{Name: "snapshotter", Value: containerd.DefaultSnapshotter, EnvVars: []string{"CONTAINERD_SNAPSHOTTER"}, Usage: "containerd snapshotter"},
 		&cli.StringFlag{Name: "hosts-dir", Value: registry.DefaultHostsDir, Usage: "containerd certs.d directory: registry mirrors and TLS"},
 		&cli.StringSliceFlag{Name: "insecure-registry", EnvVars: []string{"GPUPIN_INSECURE_REGISTRIES"}, Usage: "registry (host:port) reached over plain HTTP; loopback ones always are"},
 		&cli.StringFlag{Name: "node", EnvVars: []string{"GPUPIN_NODE"}, Usage: "read node facts from `FILE` (the JSON `detect --json` prints) instead of NVML; results say they are simulated"},
@@ -37,7 +37,7 @@ func globalFlags() []cli.Flag {
 // containers.
 func runtimeFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringSliceFlag{Name: "cdi-spec-dir", Value: cli.NewStringSlice(runtime.DefaultCDIDirs()...), Usage: "where CDI specs are read"},
+		&cli.StringSliceFlag{Name: "cdi-spec-dir", Value: cli.NewStringSlice(containerd.DefaultCDIDirs()...), Usage: "where CDI specs are read"},
 		&cli.StringFlag{Name: "runc-root", Usage: "runc's state directory (default: runc's own)", Hidden: true},
 		keepLayersFlag(),
 	}

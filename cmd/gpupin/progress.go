@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/gpupin/gpupin/runtime"
+	"github.com/gpupin/gpupin/containerd"
 )
 
 // progressPrinter shows pulls: a live bar on a terminal, a line every few
@@ -26,7 +26,7 @@ func newProgressPrinter(w *os.File) *progressPrinter {
 	return &progressPrinter{w: w, tty: term.IsTerminal(int(w.Fd())), last: map[string]time.Time{}}
 }
 
-func (p *progressPrinter) report(key string, pr runtime.Progress) {
+func (p *progressPrinter) report(key string, pr containerd.Progress) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pct := 0.0

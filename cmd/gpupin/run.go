@@ -9,8 +9,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 func init() { register(runCommand) }
@@ -26,7 +26,7 @@ func runCommand() *cli.Command {
 			"It is removed when it exits, and gpupin exits with its code.",
 		Flags: append(append([]cli.Flag{
 			&cli.StringFlag{Name: "net", Value: "host", Usage: "host (serve on the node's network) or none"},
-			&cli.StringFlag{Name: "seccomp", Value: string(runtime.SeccompDefault), Usage: "syscall filter: default (containerd's default profile: no keyctl, and no unshare, setns, mount, bpf … without CAP_SYS_ADMIN) or unconfined (none)"},
+			&cli.StringFlag{Name: "seccomp", Value: string(containerd.SeccompDefault), Usage: "syscall filter: default (containerd's default profile: no keyctl, and no unshare, setns, mount, bpf … without CAP_SYS_ADMIN) or unconfined (none)"},
 			&cli.StringFlag{Name: "memory", Usage: "memory limit, `SIZE` in bytes or with a binary unit (512m, 64GiB); swap is not allowed beyond it; none when empty"},
 			&cli.Int64Flag{Name: "pids", Usage: "limit on the replica's processes and threads; 0 = none"},
 			&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "extra environment, KEY=VALUE"},
@@ -66,7 +66,7 @@ func runRun(c *cli.Context) error {
 			if r.Simulated {
 				fmt.Fprintf(w, "SIMULATED: %s was pinned on simulated node facts; no GPU was proved\n", r.Pin.Key)
 			}
-			if spec.Seccomp == runtime.SeccompUnconfined {
+			if spec.Seccomp == containerd.SeccompUnconfined {
 				fmt.Fprintf(w, "warning: --seccomp unconfined: the replica's syscalls are not filtered\n")
 			}
 			fmt.Fprintf(w, "running %s from %s (%s)\n", r.Pin.Key, r.Pin.Ref, r.Pin.Variant)
@@ -83,8 +83,8 @@ func runRun(c *cli.Context) error {
 
 // replicaSpec is the run the flags ask for: network, syscall filter,
 // limits, environment, name; its output goes to gpupin's own.
-func replicaSpec(c *cli.Context) (runtime.RunSpec, error) {
-	spec := runtime.RunSpec{Env: c.StringSlice("env"), ID: c.String("name"), PidsLimit: c.Int64("pids"),
+func replicaSpec(c *cli.Context) (containerd.RunSpec, error) {
+	spec := containerd.RunSpec{Env: c.StringSlice("env"), ID: c.String("name"), PidsLimit: c.Int64("pids"),
 		Stdout: c.App.Writer, Stderr: c.App.ErrWriter, OutputLimit: 1}
 	switch c.String("net") {
 	case "host":
@@ -94,7 +94,7 @@ func replicaSpec(c *cli.Context) (runtime.RunSpec, error) {
 		return spec, usageError("--net: want host or none")
 	}
 	var err error
-	if spec.Seccomp, err = runtime.ParseSeccomp(c.String("seccomp")); err != nil {
+	if spec.Seccomp, err = containerd.ParseSeccomp(c.String("seccomp")); err != nil {
 		return spec, usageError("--seccomp: %v", err)
 	}
 	if v := c.String("memory"); v != "" {

@@ -7,19 +7,19 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/registry"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 // session is what a command works with: node facts, containerd, and the
 // provisioner options its flags say. It is the one place flags become
 // library options.
 type session struct {
-	rt *runtime.Runtime // nil when containerd is not used or not reached
+	rt *containerd.Runtime // nil when containerd is not used or not reached
 	// rtErr says why containerd was not reached, where it was optional.
 	rtErr     error
 	nodes     node.Reader
@@ -77,7 +77,7 @@ func (s *session) close() {
 }
 
 // provisioner is a Provisioner over the session's containerd, or over
-// none (Plan then reads no pins): New(nil), since a nil *runtime.Runtime
+// none (Plan then reads no pins): New(nil), since a nil *containerd.Runtime
 // would be a Runtime that is not nil, which New refuses. The options come
 // from flags, so one refused is a usage error.
 func (s *session) provisioner(extra ...provision.Option) (*provision.Provisioner, error) {
@@ -219,23 +219,23 @@ func nodeReader(c *cli.Context) (node.Reader, bool, error) {
 }
 
 // connect opens containerd as the global and runtime flags say.
-func connect(c *cli.Context, policy *registry.Policy) (*runtime.Runtime, error) {
-	opts := []runtime.Opt{
-		runtime.WithNamespace(lineageString(c, "namespace")),
-		runtime.WithSnapshotter(lineageString(c, "snapshotter")),
-		runtime.WithLocalPrefix(lineageString(c, "local-prefix")),
-		runtime.WithRegistry(policy),
+func connect(c *cli.Context, policy *registry.Policy) (*containerd.Runtime, error) {
+	opts := []containerd.Opt{
+		containerd.WithNamespace(lineageString(c, "namespace")),
+		containerd.WithSnapshotter(lineageString(c, "snapshotter")),
+		containerd.WithLocalPrefix(lineageString(c, "local-prefix")),
+		containerd.WithRegistry(policy),
 	}
 	if dirs := lineageSlice(c, "cdi-spec-dir"); len(dirs) > 0 {
-		opts = append(opts, runtime.WithCDISpecDirs(dirs...))
+		opts = append(opts, containerd.WithCDISpecDirs(dirs...))
 	}
 	if r := lineageString(c, "runc-root"); r != "" {
-		opts = append(opts, runtime.WithRuncRoot(r))
+		opts = append(opts, containerd.WithRuncRoot(r))
 	}
 	if fromLineage(c, "keep-layers", (*cli.Context).Bool, func(v bool) bool { return v }) {
-		opts = append(opts, runtime.WithKeepLayers(true))
+		opts = append(opts, containerd.WithKeepLayers(true))
 	}
-	rt, err := runtime.Connect(c.Context, lineageString(c, "address"), opts...)
+	rt, err := containerd.Connect(c.Context, lineageString(c, "address"), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w; --address or CONTAINERD_ADDRESS names another socket", err)
 	}
@@ -244,11 +244,11 @@ func connect(c *cli.Context, policy *registry.Policy) (*runtime.Runtime, error) 
 
 // gpuSpec reads --gpu-mode and --gpus; nil when neither is given, so the
 // library's default holds (every GPU through CDI; none on a simulated node).
-func gpuSpec(c *cli.Context) (*runtime.GPUs, error) {
+func gpuSpec(c *cli.Context) (*containerd.GPUs, error) {
 	if !hasFlag(c, "gpu-mode") || (!c.IsSet("gpu-mode") && !c.IsSet("gpus")) {
 		return nil, nil
 	}
-	g, err := runtime.ParseGPUs(c.String("gpu-mode"), c.StringSlice("gpus"))
+	g, err := containerd.ParseGPUs(c.String("gpu-mode"), c.StringSlice("gpus"))
 	return &g, err
 }
 

@@ -18,8 +18,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/testenv"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -124,14 +124,14 @@ func TestImageBuildsAndRunsSimulated(t *testing.T) {
 	rt := testenv.Runtime(t)
 	ctx := context.Background()
 	child := reg.Host + "/gpupin/gpupin@" + children.Manifests[0].Digest.String()
-	if _, err := rt.Pull(ctx, child, runtime.PullOptions{}); err != nil {
+	if _, err := rt.Pull(ctx, child, containerd.PullOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	node := filepath.Join(dir, "node.json")
 	os.WriteFile(node, []byte(`{"driver":"580.82.07","cuda":"13.0","gpus":[{"index":0,"uuid":"GPU-img","name":"NVIDIA H100 80GB HBM3","cc":"9.0"}]}`), 0o644)
-	res, err := rt.Run(ctx, runtime.RunSpec{Image: child, Args: []string{"/usr/local/bin/gpupin", "detect", "--node", "/node.json"},
-		Mounts: []runtime.Mount{{Source: node, Destination: "/node.json"}}, Hardened: true, Role: "probe", Timeout: 30 * time.Second})
+	res, err := rt.Run(ctx, containerd.RunSpec{Image: child, Args: []string{"/usr/local/bin/gpupin", "detect", "--node", "/node.json"},
+		Mounts: []containerd.Mount{{Source: node, Destination: "/node.json"}}, Hardened: true, Role: "probe", Timeout: 30 * time.Second})
 	if err != nil || res.ExitCode != 0 || !strings.Contains(string(res.Output), "GPU 0  NVIDIA H100 80GB HBM3") {
 		t.Fatalf("gpupin detect in the image: %v (exit %d):\n%s", err, res.ExitCode, res.Output)
 	}

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/gpupin/gpupin/agent"
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/deploycheck"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 func load(t *testing.T, file string) []deploycheck.Object {
@@ -32,7 +32,7 @@ func TestEngineDeploymentUsesTheLocalNameAndTheLabel(t *testing.T) {
 		t.Fatalf("want one Deployment, got %+v", objs)
 	}
 	spec := objs[0].Spec.Template.Spec
-	local, err := runtime.LocalName(runtime.DefaultLocalPrefix, "vllm:0.11.0")
+	local, err := containerd.LocalName(containerd.DefaultLocalPrefix, "vllm:0.11.0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestDaemonSetNamesTheImageAndMountsTheFeatureDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg, errs := deploycheck.CheckAgent(load(t, "daemonset.yaml"), deploycheck.Agent{
-		Image: image, Namespace: runtime.CRINamespace, FeaturesDir: agent.DefaultNFDFeaturesDir})
+		Image: image, Namespace: containerd.CRINamespace, FeaturesDir: agent.DefaultNFDFeaturesDir})
 	for _, err := range errs {
 		t.Error(err)
 	}
@@ -99,7 +99,7 @@ func TestLocalNamesPolicy(t *testing.T) {
 	if len(docs) != 4 {
 		t.Errorf("%d documents, want two policies and their bindings", len(docs))
 	}
-	for _, err := range deploycheck.CheckLocalNamesPolicy(docs, runtime.DefaultLocalPrefix) {
+	for _, err := range deploycheck.CheckLocalNamesPolicy(docs, containerd.DefaultLocalPrefix) {
 		t.Error(err)
 	}
 }

@@ -14,15 +14,15 @@ import (
 	"syscall"
 
 	"github.com/gpupin/gpupin/agent"
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 func main() {
 	// SIGTERM: Run returns once in-flight provisions have cleaned up.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	rt, err := runtime.Connect(ctx, "/run/containerd/containerd.sock", runtime.WithNamespace("k8s.io"))
+	rt, err := containerd.Connect(ctx, "/run/containerd/containerd.sock", containerd.WithNamespace("k8s.io"))
 	if err != nil {
 		log.Fatal(err)
 	}

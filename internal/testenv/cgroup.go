@@ -11,13 +11,13 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
-	"github.com/gpupin/gpupin/runtime"
+	"github.com/gpupin/gpupin/containerd"
 )
 
 // ProbeCgroup waits for a probe container of rt's namespace to run and
 // reads its cgroup's limits from the host (CgroupLimits). It gives up
 // after within, or when ended says the work that would run it is over.
-func ProbeCgroup(rt *runtime.Runtime, within time.Duration, ended func() bool) ([]string, error) {
+func ProbeCgroup(rt *containerd.Runtime, within time.Duration, ended func() bool) ([]string, error) {
 	ctx := namespaces.WithNamespace(context.Background(), rt.Namespace())
 	deadline := time.Now().Add(within)
 	for {
@@ -27,7 +27,7 @@ func ProbeCgroup(rt *runtime.Runtime, within time.Duration, ended func() bool) (
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("no probe ran within %s", within)
 		}
-		conts, _ := rt.Client().Containers(ctx, fmt.Sprintf(`labels.%q==probe`, runtime.LabelRole))
+		conts, _ := rt.Client().Containers(ctx, fmt.Sprintf(`labels.%q==probe`, containerd.LabelRole))
 		for _, c := range conts {
 			task, err := c.Task(ctx, nil)
 			if err != nil {

@@ -25,10 +25,10 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 var daemon *sandbox.Containerd
@@ -155,14 +155,14 @@ func Namespace(t testing.TB) string {
 
 // Runtime connects to the package's containerd in the test's namespace,
 // with a CDI spec directory of the test's own.
-func Runtime(t testing.TB, opts ...runtime.Opt) *runtime.Runtime {
+func Runtime(t testing.TB, opts ...containerd.Opt) *containerd.Runtime {
 	t.Helper()
 	return connect(t, Containerd(t), opts...)
 }
 
 // OwnContainerd starts a containerd for one test (one it may restart, kill
 // or starve of disk without touching the others) and connects to it.
-func OwnContainerd(t testing.TB, opts sandbox.ContainerdOptions) (*sandbox.Containerd, *runtime.Runtime) {
+func OwnContainerd(t testing.TB, opts sandbox.ContainerdOptions) (*sandbox.Containerd, *containerd.Runtime) {
 	t.Helper()
 	RequireRoot(t)
 	d, err := sandbox.StartContainerd(context.Background(), opts)
@@ -173,17 +173,17 @@ func OwnContainerd(t testing.TB, opts sandbox.ContainerdOptions) (*sandbox.Conta
 	return d, connect(t, d)
 }
 
-func connect(t testing.TB, d *sandbox.Containerd, opts ...runtime.Opt) *runtime.Runtime {
+func connect(t testing.TB, d *sandbox.Containerd, opts ...containerd.Opt) *containerd.Runtime {
 	t.Helper()
 	cdiDir := filepath.Join(t.TempDir(), "cdi")
 	os.MkdirAll(cdiDir, 0o755)
-	base := []runtime.Opt{
-		runtime.WithNamespace(Namespace(t)),
-		runtime.WithRuncRoot(d.RuncRoot),
-		runtime.WithFIFODir(filepath.Join(d.Dir, "fifo")),
-		runtime.WithCDISpecDirs(cdiDir),
+	base := []containerd.Opt{
+		containerd.WithNamespace(Namespace(t)),
+		containerd.WithRuncRoot(d.RuncRoot),
+		containerd.WithFIFODir(filepath.Join(d.Dir, "fifo")),
+		containerd.WithCDISpecDirs(cdiDir),
 	}
-	rt, err := runtime.Connect(context.Background(), d.Address, append(base, opts...)...)
+	rt, err := containerd.Connect(context.Background(), d.Address, append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,6 +203,6 @@ func Provisioner(t testing.TB, rt provision.Runtime, opts ...provision.Option) *
 
 // Context is a background context in rt's namespace, for calls a test
 // makes on rt's client directly.
-func Context(rt *runtime.Runtime) context.Context {
+func Context(rt *containerd.Runtime) context.Context {
 	return namespaces.WithNamespace(context.Background(), rt.Namespace())
 }

@@ -18,9 +18,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpupin/gpupin/agent"
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/deploycheck"
 	"github.com/gpupin/gpupin/provision"
-	"github.com/gpupin/gpupin/runtime"
 )
 
 const (
@@ -223,7 +223,7 @@ func TestDefaultsRenderThePlainManifests(t *testing.T) {
 		t.Errorf("only %d objects compared", len(want))
 	}
 
-	cfg, errs := deploycheck.CheckAgent(objs, deploycheck.Agent{Image: makeImage(t), Namespace: runtime.CRINamespace, FeaturesDir: agent.DefaultNFDFeaturesDir})
+	cfg, errs := deploycheck.CheckAgent(objs, deploycheck.Agent{Image: makeImage(t), Namespace: containerd.CRINamespace, FeaturesDir: agent.DefaultNFDFeaturesDir})
 	for _, err := range errs {
 		t.Error(err)
 	}
@@ -234,7 +234,7 @@ func TestDefaultsRenderThePlainManifests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, err := range deploycheck.CheckLocalNamesPolicy(docs, runtime.DefaultLocalPrefix) {
+	for _, err := range deploycheck.CheckLocalNamesPolicy(docs, containerd.DefaultLocalPrefix) {
 		t.Error(err)
 	}
 	if !strings.Contains(rel.Info.Notes, "exec ds/gpupin-agent -- gpupin pins") || !strings.Contains(rel.Info.Notes, "gpupin.io/vllm-0.11.0") {
@@ -359,7 +359,7 @@ func fromYAML(t *testing.T, s string) any {
 // values say, and checks what it changed.
 func TestValues(t *testing.T) {
 	image := makeImage(t)
-	def := deploycheck.Agent{Image: image, Namespace: runtime.CRINamespace, FeaturesDir: agent.DefaultNFDFeaturesDir}
+	def := deploycheck.Agent{Image: image, Namespace: containerd.CRINamespace, FeaturesDir: agent.DefaultNFDFeaturesDir}
 	cases := []struct {
 		name   string
 		ns     string

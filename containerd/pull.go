@@ -1,0 +1,44 @@
+package containerd
+
+import (
+	"context"
+
+	"github.com/gpupin/gpupin/containerd/pull"
+)
+
+// The pull engine's types and errors (package pull).
+type (
+	Pulled        = pull.Pulled
+	PullOptions   = pull.PullOptions
+	Progress      = pull.Progress
+	LayerStorage  = pull.LayerStorage
+	Decompressors = pull.Decompressors
+)
+
+// EnvUnpack selects how pulls unpack (pull/unpack.go).
+const EnvUnpack = pull.EnvUnpack
+
+var (
+	ErrMediaType        = pull.ErrMediaType
+	ErrNoRoomToPrefetch = pull.ErrNoRoomToPrefetch
+)
+
+// FindDecompressors looks the commands up as a pull does.
+func FindDecompressors() Decompressors { return pull.FindDecompressors() }
+
+// Pull fetches ref (a repo@sha256 reference) and unpacks it, never
+// writing over an existing record of that name (pull.Puller.Pull).
+func (r *Runtime) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled, error) {
+	return r.pull.Pull(ctx, ref, opts)
+}
+
+// Prefetch fetches and unpacks ref ahead of its Pull, when the disk has
+// room (pull.Puller.Prefetch).
+func (r *Runtime) Prefetch(ctx context.Context, ref string, opts PullOptions, maxBytes int64) (release func(), err error) {
+	return r.pull.Prefetch(ctx, ref, opts, maxBytes)
+}
+
+// LayerStorage says whether and why pulls here store layer blobs.
+func (r *Runtime) LayerStorage(ctx context.Context) (LayerStorage, error) {
+	return r.pull.LayerStorage(ctx)
+}

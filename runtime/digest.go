@@ -1,5 +1,0 @@
-package runtime
-
-import "github.com/opencontainers/go-digest"
-
-func digestOf(s string) digest.Digest { return digest.Digest(s) }
