@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/opencontainers/go-digest"
 
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
@@ -228,5 +226,3 @@ func buildGpupin(t *testing.T) string {
 	}
 	return bin
 }
-
-func digestOf(h v1.Hash) digest.Digest { return digest.Digest(h.String()) }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/sandbox"
@@ -89,7 +90,7 @@ func registryDiesMidPull(t *testing.T, keep bool) {
 		if stored {
 			waitFor(t, "the other layers in the content store", func() bool {
 				for _, d := range complete {
-					if _, err := cs.Info(testenv.Context(rt), digestOf(d)); err != nil {
+					if _, err := cs.Info(testenv.Context(rt), digest.Digest(d.String())); err != nil {
 						return false
 					}
 				}
@@ -152,7 +153,7 @@ func registryDiesMidPull(t *testing.T, keep bool) {
 	}
 	// A retry stores what it downloads, so that a third attempt would
 	// resume where a second cut fell.
-	if _, err := cs.Info(testenv.Context(rt), digestOf(victimDigest)); err != nil {
+	if _, err := cs.Info(testenv.Context(rt), digest.Digest(victimDigest.String())); err != nil {
 		t.Errorf("the retry did not store the cut layer: %v", err)
 	}
 	if left := leftovers(t, rt, "overlayfs"); len(left) != 0 {

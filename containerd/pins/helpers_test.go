@@ -11,7 +11,6 @@ import (
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/gpupin/gpupin/containerd"
@@ -127,5 +126,3 @@ func deadOwner(t *testing.T) string {
 }
 
 func withNS(ctx context.Context, ns string) context.Context { return namespaces.WithNamespace(ctx, ns) }
-
-func digestOf(s string) digest.Digest { return digest.Digest(s) }

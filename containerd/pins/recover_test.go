@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +60,7 @@ func TestLocalNameFollowsThePin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if contains(col.Removed, local) {
+	if slices.Contains(col.Removed, local) {
 		t.Fatalf("gc removed the local name of a pin: %+v", col)
 	}
 	check("after gc", w.refs[1])
@@ -168,7 +169,7 @@ func TestRecoverRestoresOnlyWhatWasTaken(t *testing.T) {
 			// goes. The old pin was replaced: it must not come back.
 			w.pin(0)
 			cs := w.rt.Client().ContentStore()
-			d0 := digestOf(digestPart(w.refs[0]))
+			d0 := digest.Digest(digestPart(w.refs[0]))
 			info, err := cs.Info(w.nsctx(), d0)
 			if err != nil {
 				t.Fatal(err)
@@ -188,7 +189,7 @@ func TestRecoverRestoresOnlyWhatWasTaken(t *testing.T) {
 				t.Fatal(err)
 			}
 			del(w, w.refs[1], w.refs[0], "gpupin.local/eng:1")
-			if err := cs.Delete(w.nsctx(), digestOf(digestPart(w.refs[1]))); err != nil {
+			if err := cs.Delete(w.nsctx(), digest.Digest(digestPart(w.refs[1]))); err != nil {
 				t.Fatal(err)
 			}
 		}, func(*pinWorld) string { return "" }, ""},
@@ -246,15 +247,6 @@ func TestRecoverRestoresOnlyWhatWasTaken(t *testing.T) {
 			}
 		})
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // A verdict as long as a label may be still leaves a proof that fits

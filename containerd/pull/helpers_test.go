@@ -6,7 +6,6 @@ import (
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"github.com/opencontainers/go-digest"
 
 	"github.com/gpupin/gpupin/internal/testenv"
 )
@@ -16,5 +15,3 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 type snapshotInfo = snapshots.Info
 
 func withNS(ctx context.Context, ns string) context.Context { return namespaces.WithNamespace(ctx, ns) }
-
-func digestOf(s string) digest.Digest { return digest.Digest(s) }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/containerd/internal/ctrtest"
@@ -66,7 +67,7 @@ func TestLayersKeptWhereAMirrorServes(t *testing.T) {
 				t.Fatal(err)
 			}
 			ld, _ := layer.Digest()
-			_, err = rt.Client().ContentStore().Info(withNS(ctx, rt.Namespace()), digestOf(ld.String()))
+			_, err = rt.Client().ContentStore().Info(withNS(ctx, rt.Namespace()), digest.Digest(ld.String()))
 			stored := err == nil
 			if err != nil && !errdefs.IsNotFound(err) {
 				t.Fatal(err)

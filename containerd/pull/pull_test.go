@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/containerd/internal/ctrtest"
@@ -121,7 +122,7 @@ func TestPullNeverRewritesAnExistingRecord(t *testing.T) {
 	nsctx := withNS(ctx, rt.Namespace())
 	ld, _ := layer.Digest()
 	cs := rt.Client().ContentStore()
-	if err := cs.Delete(nsctx, digestOf(ld.String())); err != nil && !errdefs.IsNotFound(err) {
+	if err := cs.Delete(nsctx, digest.Digest(ld.String())); err != nil && !errdefs.IsNotFound(err) {
 		t.Fatal(err)
 	}
 	sn := rt.Client().SnapshotService("overlayfs")

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
@@ -81,11 +80,11 @@ func TestPullOnlyMirror(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The mirror gets the index and its children by digest: no tag.
-			src, err := remote.Index(mustRef(t, up.Host+"/demo@"+idx.String()))
+			src, err := remote.Index(testenv.MustRef(t, up.Host+"/demo@"+idx.String()))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := remote.WriteIndex(mustRef(t, mirror.Host+"/demo@"+idx.String()), src); err != nil {
+			if err := remote.WriteIndex(testenv.MustRef(t, mirror.Host+"/demo@"+idx.String()), src); err != nil {
 				t.Fatal(err)
 			}
 			im, err := src.IndexManifest()
@@ -106,7 +105,7 @@ func TestPullOnlyMirror(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				deleteBlob(t, up.Host, "demo", ld.String())
+				testenv.DeleteBlob(t, up.Host, "demo", ld.String())
 			}
 
 			const name = "registry.gpupin.invalid"
@@ -154,31 +153,5 @@ func TestPullOnlyMirror(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func mustRef(t *testing.T, s string) name.Reference {
-	t.Helper()
-	r, err := name.ParseReference(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
-// deleteBlob removes a blob from a plain-HTTP loopback registry.
-func deleteBlob(t *testing.T, host, repo, digest string) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodDelete, "http://"+host+"/v2/"+repo+"/blobs/"+digest, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted && resp.StatusCode != http.StatusOK {
-		t.Fatalf("delete %s: %s", digest, resp.Status)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/gpupin/gpupin/build"
 	"github.com/gpupin/gpupin/containerd"
@@ -178,7 +179,7 @@ func TestUnpackStrategiesMakeTheSameRootfs(t *testing.T) {
 				layers, _ := img.Layers()
 				for i, l := range layers {
 					ld, _ := l.Digest()
-					info, err := rt.Client().ContentStore().Info(nsctx, digestOf(ld.String()))
+					info, err := rt.Client().ContentStore().Info(nsctx, digest.Digest(ld.String()))
 					switch {
 					case direct && i > 0 && err == nil:
 						// (Layer 0, busybox, may be on the daemon's disk from
@@ -455,7 +456,7 @@ func TestLayersExtractedHereAreNotStored(t *testing.T) {
 			}
 			mu.Unlock()
 			nsctx := withNS(ctx, rt.Namespace())
-			_, err = rt.Client().ContentStore().Info(nsctx, digestOf(ld.String()))
+			_, err = rt.Client().ContentStore().Info(nsctx, digest.Digest(ld.String()))
 			direct := !keep
 			t.Logf("keep %v: the layer's blob in the store: %v", keep, err == nil)
 			switch {
