@@ -60,6 +60,7 @@ func filesOf(t *testing.T, img v1.Image) map[string]int64 {
 // certificates; a DaemonSet naming it by digest; and the image runs:
 // gpupin inside reads node facts, through the glibc it carries.
 func TestImageBuildsAndRunsSimulated(t *testing.T) {
+	testenv.Daemons(t) // builds gpupin's image, then runs it on containerd
 	out := filepath.Join(t.TempDir(), "image")
 	cmd := exec.Command("./build.sh", out, "registry.example/gpupin/gpupin", "0.1.0-test")
 	cmd.Env = append(os.Environ(), "PUSH=")

@@ -40,6 +40,7 @@ type fakeTorch struct {
 
 func python(t *testing.T) string {
 	t.Helper()
+	skipShort(t)
 	p, err := exec.LookPath("python3")
 	if err != nil {
 		t.Fatalf("python3 is needed to test the torch probe: %v", err)
@@ -59,6 +60,7 @@ var (
 // "old" (cuDeviceGetUuid only) or "bare" (cuInit only).
 func fakeCUDA(t *testing.T, variant string) string {
 	t.Helper()
+	skipShort(t)
 	libOnce.Do(func() {
 		gcc, err := exec.LookPath("gcc")
 		if err != nil {
@@ -398,5 +400,14 @@ func TestTorchProbeCompiles(t *testing.T) {
 	}
 	if out, err := exec.Command(python(t), "-m", "py_compile", script).CombinedOutput(); err != nil {
 		t.Fatalf("py_compile: %v\n%s", err, out)
+	}
+}
+
+// skipShort: these run the shipped script in python3 against a stand-in
+// libcuda built by gcc, seconds each; the fast tier (-short) does not.
+func skipShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: runs the probe in python3 with a stand-in libcuda built by gcc (make test runs it)")
 	}
 }
