@@ -101,17 +101,17 @@ check:
 	cd tools/dist && $(GO) vet . && $(STATICCHECK) .
 	cd tools/helm && $(GO) vet -tags nonvml . && $(STATICCHECK) -tags nonvml .
 
+# The fast tier: no daemon, no root (README). Not part of `make test`,
+# which runs everything in it too, against real parts.
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
 # The Helm chart (deploy/helm/gpupin), through Helm v4's Go packages pinned
 # in tools/helm, a module of its own: rendered against the plain manifests'
 # expectations and installed on a real kube-apiserver (internal/kubetest).
 # -tags nonvml: Helm brings Go's plugin package (through kustomize), whose
 # binaries bind every C symbol at start, and NVML's exist only where a
 # driver is; the chart's test needs no NVML.
-# The fast tier: no daemon, no root (README). Not part of `make test`,
-# which runs everything in it too, against real parts.
-test-short:
-	$(GO) test -short -count=1 $(PKGS)
-
 test-helm:
 	cd tools/helm && $(GO) test -tags nonvml $(TESTFLAGS) .
 

@@ -35,9 +35,11 @@ import (
 	"github.com/gpupin/gpupin/provision"
 )
 
-// PinLister lists the pins in the agent's containerd namespace.
+// PinLister lists the pins in the agent's containerd namespace as
+// containerd holds them: the agent's reads (GET /v1/pins, its pass's
+// check of the ready engines) write nothing; its Recoverer restores.
 type PinLister interface {
-	Pins(ctx context.Context) ([]containerd.Pin, error)
+	ListPins(ctx context.Context) ([]containerd.Pin, error)
 }
 
 // Options configure an Agent.
@@ -271,13 +273,7 @@ func (a *Agent) CheckPins(ctx context.Context) []string {
 	if len(ready) == 0 {
 		return nil
 	}
-	list := a.pins.Pins
-	if r, ok := a.pins.(interface {
-		ListPins(context.Context) ([]containerd.Pin, error)
-	}); ok {
-		list = r.ListPins // Recover ran just before: reading is enough
-	}
-	pins, err := list(ctx)
+	pins, err := a.pins.ListPins(ctx) // Recover ran just before: reading is enough
 	if err != nil {
 		if ctx.Err() == nil {
 			a.opts.Logger.Warn("checking the ready engines' pins failed", "err", err)
@@ -483,5 +479,6 @@ func (a *Agent) FileOverrides() map[string]string {
 // Status is the latest status of every wanted engine.
 func (a *Agent) Status() []provision.Status { return a.loop.Status() }
 
-// Pins lists the pins in containerd, wanted or not.
-func (a *Agent) Pins(ctx context.Context) ([]containerd.Pin, error) { return a.pins.Pins(ctx) }
+// Pins lists the pins in containerd, wanted or not, as containerd holds
+// them (the periodic pass restores what another client took).
+func (a *Agent) Pins(ctx context.Context) ([]containerd.Pin, error) { return a.pins.ListPins(ctx) }

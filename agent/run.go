@@ -69,8 +69,9 @@ func (cfg RunConfig) withDefaults() RunConfig {
 // defaultOverridesPath is images.DefaultOverridesPath; tests move it.
 var defaultOverridesPath = images.DefaultOverridesPath
 
-// Run runs an agent until ctx ends: it reads its files (a bad wants file
-// or a bad RunConfig.Wants at start is an *InputError), serves the API and
+// Run runs an agent until ctx ends: it reads its files (a bad wants file,
+// a bad RunConfig.Wants at start, or a provision option New refuses is an
+// *InputError), serves the API and
 // metrics, watches the files, runs the periodic pass (Maintain: sweep,
 // restore pins, check ready pins, NFD file), and converges. It returns
 // once every provision in flight has finished its cleanup and every

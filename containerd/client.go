@@ -23,7 +23,6 @@ type Runtime struct {
 	pull *pull.Puller
 	pins *pins.Store
 	run  *run.Runner
-	opts options
 }
 
 // options are what the Opts set, for Connect to hand to the parts.
@@ -38,38 +37,38 @@ type options struct {
 	keepLayers  bool   // store every layer's blob, even one extracted here (pull/direct.go)
 }
 
-// Opt configures a Runtime.
-type Opt func(*Runtime)
+// Opt configures a Runtime: what Connect hands to its parts.
+type Opt func(*options)
 
 // WithNamespace sets the containerd namespace (default gpupin). An empty
 // one keeps the default: CONTAINERD_NAMESPACE= (set, but empty) reaches
 // here as "", and containerd would refuse every call with "namespace is
 // required".
 func WithNamespace(ns string) Opt {
-	return func(r *Runtime) {
+	return func(o *options) {
 		if ns != "" {
-			r.opts.namespace = ns
+			o.namespace = ns
 		}
 	}
 }
 
 // WithSnapshotter sets the snapshotter (default overlayfs).
-func WithSnapshotter(s string) Opt { return func(r *Runtime) { r.opts.snapshotter = s } }
+func WithSnapshotter(s string) Opt { return func(o *options) { o.snapshotter = s } }
 
 // WithRegistry sets how registries are reached (certs.d mirrors, TLS,
 // plain HTTP, credentials, timeouts): pass the policy manifest resolution
 // uses too, so that what is resolved is what is pulled. Default:
 // registry.New's defaults.
-func WithRegistry(p *registry.Policy) Opt { return func(r *Runtime) { r.opts.registry = p } }
+func WithRegistry(p *registry.Policy) Opt { return func(o *options) { o.registry = p } }
 
 // WithRuncRoot moves runc's state directory (tests keep it out of /run/runc).
-func WithRuncRoot(dir string) Opt { return func(r *Runtime) { r.opts.runcRoot = dir } }
+func WithRuncRoot(dir string) Opt { return func(o *options) { o.runcRoot = dir } }
 
 // WithFIFODir sets where the containers' stdio FIFOs are made.
-func WithFIFODir(dir string) Opt { return func(r *Runtime) { r.opts.fifoDir = dir } }
+func WithFIFODir(dir string) Opt { return func(o *options) { o.fifoDir = dir } }
 
 // WithCDISpecDirs sets where CDI specs are read (default /etc/cdi, /var/run/cdi).
-func WithCDISpecDirs(dirs ...string) Opt { return func(r *Runtime) { r.opts.cdiDirs = dirs } }
+func WithCDISpecDirs(dirs ...string) Opt { return func(o *options) { o.cdiDirs = dirs } }
 
 // WithKeepLayers stores every layer blob a pull downloads in the content
 // store, as containerd's own pull does, for ctr export, a push from the node, or a
@@ -77,7 +76,7 @@ func WithCDISpecDirs(dirs ...string) Opt { return func(r *Runtime) { r.opts.cdiD
 // downloaded, and verified, is not stored: a node runs from its snapshots,
 // and storing the blob costs the daemon a write, a hash and an fsync of
 // every byte, and the node the disk (pull/direct.go).
-func WithKeepLayers(keep bool) Opt { return func(r *Runtime) { r.opts.keepLayers = keep } }
+func WithKeepLayers(keep bool) Opt { return func(o *options) { o.keepLayers = keep } }
 
 // Defaults of Connect and its options, which the CLI's flags name.
 const (
@@ -96,15 +95,15 @@ func DefaultCDIDirs() []string { return []string{"/etc/cdi", "/var/run/cdi"} }
 // DefaultLocalPrefix): a registry host, optionally with a path
 // ("registry.internal/gpupin"). Connect refuses one that does not make
 // references.
-func WithLocalPrefix(prefix string) Opt { return func(r *Runtime) { r.opts.localPrefix = prefix } }
+func WithLocalPrefix(prefix string) Opt { return func(o *options) { o.localPrefix = prefix } }
 
 // Connect dials containerd and checks that it answers.
 func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error) {
-	r := &Runtime{opts: options{namespace: DefaultNamespace, snapshotter: DefaultSnapshotter, cdiDirs: DefaultCDIDirs()}}
-	for _, o := range opts {
-		o(r)
+	o := &options{namespace: DefaultNamespace, snapshotter: DefaultSnapshotter, cdiDirs: DefaultCDIDirs()}
+	for _, opt := range opts {
+		opt(o)
 	}
-	o := &r.opts
+	r := &Runtime{}
 	if o.registry == nil {
 		o.registry = registry.New(registry.Config{})
 	}
@@ -133,7 +132,11 @@ func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error)
 	r.conn = &conn.Conn{Client: c, Namespace: o.namespace, Snapshotter: o.snapshotter, Registry: o.registry}
 	r.pull = pull.New(r.conn, o.keepLayers)
 	r.run = run.New(r.conn, o.runcRoot, o.fifoDir, o.cdiDirs)
-	r.pins = pins.New(r.conn, o.localPrefix, pins.Deps{Synced: r.pull.Sync, SweepProbes: r.run.SweepProbes})
+	if r.pins, err = pins.New(r.conn, o.localPrefix, pins.Deps{Synced: r.pull.Sync, SweepProbes: r.run.SweepProbes}); err != nil {
+		r.pull.Close()
+		c.Close()
+		return nil, err
+	}
 	return r, nil
 }
 

@@ -24,7 +24,7 @@ var (
 	// ErrInvalidWant: the want itself is malformed.
 	ErrInvalidWant = errors.New("invalid want")
 	// ErrTampered: a record named as a pin points at another image. It is
-	// runtime's sentinel, so errors.Is works whichever package said it.
+	// containerd's sentinel, so errors.Is works whichever package said it.
 	ErrTampered = containerd.ErrTampered
 )
 
@@ -45,7 +45,7 @@ type ConflictError struct {
 	// (another process, another lock directory); nothing was displaced.
 	Race bool `json:",omitempty"`
 
-	cause error // runtime's *HeldError, for a race
+	cause error // containerd's *HeldError, for a race
 }
 
 func (e *ConflictError) Unwrap() error { return e.cause }

@@ -2,6 +2,7 @@ package provision
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -350,6 +351,9 @@ type Sweeper interface {
 // leases, candidate records), where the runtime can.
 func (l *Loop) sweep(ctx context.Context) {
 	s, err := l.p.rt.Sweep(ctx)
+	if errors.Is(err, errNoRuntime) {
+		return // a provisioner without containerd has nothing to sweep
+	}
 	if err != nil {
 		l.opts.Logger.Warn("sweep of leftovers failed", "err", err)
 		return

@@ -450,9 +450,12 @@ func TestLoopBackoffSimulated(t *testing.T) {
 			t.Fatalf("first pass: %s", st)
 		}
 		var gaps []time.Duration
-		for range 6 {
+		for i := range 6 {
 			before, at := rec.nResults(), rec.lastResult().At
-			for rec.nResults() == before {
+			for waited := time.Duration(0); rec.nResults() == before; waited += time.Second {
+				if waited > 11*time.Minute {
+					t.Fatalf("retry %d: none within %s of the failure before (retries so far after %v)", i+1, waited, gaps)
+				}
 				time.Sleep(time.Second)
 				synctest.Wait()
 			}

@@ -35,8 +35,8 @@ type Named struct {
 // Name resolves w's reference and names its engine and version exactly as
 // Plan and Provision do (the want's, else the image's metadata, else the
 // repository's last element and the tag). Nothing is pulled.
-func (p *Provisioner) Name(ctx context.Context, ww Want) (*Named, error) {
-	w, err := readWant(ww)
+func (p *Provisioner) Name(ctx context.Context, in Want) (*Named, error) {
+	w, err := readWant(in)
 	if err != nil {
 		return nil, err
 	}

@@ -209,9 +209,10 @@ func WithProgress(fn func(key string, p containerd.Progress)) Option {
 // more than once.
 func WithOnState(fn func(Status)) Option {
 	return func(c *config) error {
-		if fn != nil {
-			c.OnState = append(c.OnState, fn)
+		if fn == nil {
+			return errors.New("WithOnState(nil): leave the option out")
 		}
+		c.OnState = append(c.OnState, fn)
 		return nil
 	}
 }

@@ -73,8 +73,8 @@ type Plan struct {
 // and the registry's manifests, and changing nothing. Pins are read as
 // containerd holds them (ListPins: restoring a pin another client took
 // would write); a provisioner without containerd reads none.
-func (p *Provisioner) Plan(ctx context.Context, ww Want) (*Plan, error) {
-	w, err := readWant(ww)
+func (p *Provisioner) Plan(ctx context.Context, in Want) (*Plan, error) {
+	w, err := readWant(in)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +147,7 @@ func (pl *Plan) answeredBy(pin *containerd.Pin) {
 // override needs nothing of its own reference, which is then not read.
 func (p *Provisioner) nameAndOverride(ctx context.Context, pl *Plan, w want) (*images.Set, error) {
 	var set *images.Set
-	if !(w.namesKey() && w.override.Kind == images.OverrideImage) {
+	if !(w.namesKey() && w.ownOverride.Kind == images.OverrideImage) {
 		var err error
 		if set, err = p.opts.Resolver.Resolve(ctx, w.Ref); err != nil {
 			return nil, err
@@ -221,10 +221,10 @@ func (pl *Plan) name(w want, set *images.Set) {
 		}
 	}
 	if engine == "" {
-		engine, by = images.EngineFromRepo(w.ref), namedBy(by)
+		engine, by = images.EngineFromRepo(w.parsedRef), namedBy(by)
 	}
 	if version == "" {
-		version, by = w.ref.Identifier(), namedBy(by)
+		version, by = w.parsedRef.Identifier(), namedBy(by)
 		if strings.HasPrefix(version, "sha256:") {
 			version = version[:19]
 		}

@@ -22,25 +22,26 @@ func TestProbeJudgesTheVerdictSimulated(t *testing.T) {
 		exit      int
 		fails     string // "" passes
 		checks    int    // simulated checks the verdict keeps
+		twoGPUs   bool   // the node has a second GPU the verdict does not name
 	}{
-		{"simulated: a passing verdict", true, passing(), 0, "", 1},
-		{"simulated: a verdict that names no simulated check", true, verdictLine(probe.Verdict{OK: true, Devices: []probe.Device{h100Device}}), 0, "", 1},
-		{"simulated: a GPU missing", true, passing(), 0, "did not compute on all of the node's 2 GPUs; missing GPU 1 (NVIDIA H100 80GB HBM3, GPU-second)", 0},
-		{"GPUs: a passing verdict", false, verdictLine(probe.Verdict{OK: true, Devices: []probe.Device{h100Device}}), 0, "", 0},
-		{"GPUs: simulated checks prove nothing", false, passing(), 0, "simulated checks on a node with GPUs", 0},
-		{"GPUs: another GPU's UUID", false, verdictLine(probe.Verdict{OK: true, Devices: []probe.Device{{Index: 0, UUID: "GPU-other", CC: "9.0"}}}), 0, "missing", 0},
-		{"ok:false", true, verdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}, Detail: "gemm mismatch"}), 1, "probe failed", 0},
-		{"ok:true contradicted by the exit code", true, passing(), 3, "probe failed", 0},
-		{"no verdict", true, "Segmentation fault\n", 139, "probe failed", 0},
-		{"garbled verdict", true, probe.LinePrefix + "{\"ok\":tr\n", 0, "probe failed", 0},
-		{"a verdict without devices", true, probe.LinePrefix + "{\"ok\":true}\n", 0, "devices", 0},
+		{"simulated: a passing verdict", true, passing(), 0, "", 1, false},
+		{"simulated: a verdict that names no simulated check", true, verdictLine(probe.Verdict{OK: true, Devices: []probe.Device{h100Device}}), 0, "", 1, false},
+		{"simulated: a GPU missing", true, passing(), 0, "did not compute on all of the node's 2 GPUs; missing GPU 1 (NVIDIA H100 80GB HBM3, GPU-second)", 0, true},
+		{"GPUs: a passing verdict", false, verdictLine(probe.Verdict{OK: true, Devices: []probe.Device{h100Device}}), 0, "", 0, false},
+		{"GPUs: simulated checks prove nothing", false, passing(), 0, "simulated checks on a node with GPUs", 0, false},
+		{"GPUs: another GPU's UUID", false, verdictLine(probe.Verdict{OK: true, Devices: []probe.Device{{Index: 0, UUID: "GPU-other", CC: "9.0"}}}), 0, "missing", 0, false},
+		{"ok:false", true, verdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}, Detail: "gemm mismatch"}), 1, "probe failed", 0, false},
+		{"ok:true contradicted by the exit code", true, passing(), 3, "probe failed", 0, false},
+		{"no verdict", true, "Segmentation fault\n", 139, "probe failed", 0, false},
+		{"garbled verdict", true, probe.LinePrefix + "{\"ok\":tr\n", 0, "probe failed", 0, false},
+		{"a verdict without devices", true, probe.LinePrefix + "{\"ok\":true}\n", 0, "devices", 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			facts := h100("580.82.07", "13.0")
 			if !tc.simulated {
 				facts = &real
 			}
-			if strings.Contains(tc.name, "missing") {
+			if tc.twoGPUs {
 				facts.GPUs = append(facts.GPUs, node.GPU{Index: 1, UUID: "GPU-second", Name: "NVIDIA H100 80GB HBM3", CC: "9.0"})
 			}
 			m := newMemRuntime()

@@ -26,7 +26,7 @@ type PinDevice struct {
 }
 
 // ErrVerdictTruncated: the verdict label was cut at containerd's label
-// limit (runtime marks the cut with "..."), so what it said, the
+// limit (the pin store marks the cut with "..."), so what it said, the
 // simulated checks among it, cannot be read.
 var ErrVerdictTruncated = errors.New("the verdict label was cut at containerd's label limit")
 

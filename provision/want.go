@@ -42,10 +42,10 @@ func ValidateWant(w Want) error {
 // reference and override from here and never parses the strings again.
 type want struct {
 	Want
-	ref images.Reference
-	// override is the want's own; Kind is empty when it names none, and
-	// the operator's override of the engine applies (overrideFor).
-	override images.Override
+	parsedRef images.Reference
+	// ownOverride is the want's own, parsed; Kind is empty when it names
+	// none, and the operator's override of the engine applies (overrideFor).
+	ownOverride images.Override
 }
 
 // readWant checks w (ValidateWant) and parses it.
@@ -68,9 +68,9 @@ func readWant(w Want) (want, error) {
 	if w.Version != "" && !images.ValidEngineVersion(w.Version) {
 		return bad("version %q is not an engine version (letters, digits, '.', '_', '+', '-', at most 128)", w.Version)
 	}
-	pw := want{Want: w, ref: ref}
+	pw := want{Want: w, parsedRef: ref}
 	if w.Override != "" {
-		if pw.override, err = images.ParseOverride(w.Override); err != nil {
+		if pw.ownOverride, err = images.ParseOverride(w.Override); err != nil {
 			return bad("override: %v", err)
 		}
 	}
@@ -83,8 +83,8 @@ func (w want) namesKey() bool { return w.Engine != "" && w.Version != "" }
 // overrideFor is the override that applies to engine for this want: its
 // own, else the operator's (from src), else auto; and where it came from.
 func (w want) overrideFor(src OverrideSource, engine string) (images.Override, string, error) {
-	if w.override.Kind != "" {
-		return w.override, OverrideFromWant, nil
+	if w.ownOverride.Kind != "" {
+		return w.ownOverride, OverrideFromWant, nil
 	}
 	o, ok, err := src.Override(engine)
 	if err != nil {

@@ -8,7 +8,7 @@
 // provision instead of holding it.
 //
 // Call New with a Config. Resolver gives containerd's docker resolver
-// (runtime's pulls, images.Resolver's reads); Transport and Keychain give
+// (containerd/pull's pulls, images.Resolver's reads); Transport and Keychain give
 // go-containerregistry the same hosts and credentials (build's publish);
 // Explain turns a registry error into one a person can act on.
 package registry

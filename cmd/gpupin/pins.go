@@ -24,9 +24,10 @@ func pinsCommand() *cli.Command {
 		UsageText: "gpupin pins [--previous] [--node FILE] [--json]",
 		Usage:     "list the pinned images, their node-local names, and whether each was proved on this node as it is now",
 		Description: "Each pin has a node-local name (--local-prefix, default gpupin.local/ENGINE:VERSION) for pods with " +
-			"imagePullPolicy: Never. A pin that another client of containerd relabelled (a pull of the same reference) " +
-			"or deleted (kubelet's image GC on containerd 1.6, crictl rmi --prune) is restored first, while its content " +
-			"remains; RESTORED says when.",
+			"imagePullPolicy: Never. The listing only reads: a pin that another client of containerd relabelled (a pull of " +
+			"the same reference) or deleted (kubelet's image GC on containerd 1.6, crictl rmi --prune) shows as containerd " +
+			"holds it until the next provision, run, gc or agent pass restores it, while its content remains; RESTORED says " +
+			"when one was.",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "previous", Usage: "also list the previous pins kept for rollback"},
 			&cli.StringFlag{Name: "node", Usage: "read node facts from `FILE` instead of NVML (SIMULATED)"},

@@ -133,8 +133,8 @@ func provisionOptions(c *cli.Context) ([]provision.Option, error) {
 	if gpus != nil {
 		opts = append(opts, provision.WithGPUs(*gpus))
 	}
-	// Checked here, before any registry is read: the library meets it only
-	// for an engine without a probe of its own (not vllm or sglang).
+	// Checked here for the flag's own wording (WithDefaultProbe refuses it
+	// too, in New): a usage error, before containerd or a registry is asked.
 	if hasFlag(c, "probe") && c.String("probe") != "" {
 		if _, err := probe.ParseDefault(c.String("probe")); err != nil {
 			return nil, usageError("--probe %s: %v", c.String("probe"), err)

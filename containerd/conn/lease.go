@@ -15,7 +15,7 @@ func (c *Conn) WithLease(ctx context.Context, fn func(ctx context.Context) error
 	ctx = c.Ctx(ctx)
 	ls := c.Client.LeasesService()
 	l, err := ls.Create(ctx, leases.WithRandomID(), leases.WithExpiration(LeaseTTL),
-		leases.WithLabels(map[string]string{LabelManaged: "true", LabelOwner: Owner}))
+		leases.WithLabels(map[string]string{LabelManaged: "true", LabelOwner: Owner()}))
 	if err != nil {
 		return fmt.Errorf("create lease: %w", err)
 	}

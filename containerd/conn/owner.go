@@ -8,10 +8,13 @@ import (
 	"time"
 )
 
+// self is this process as LabelOwner names it, read once.
+var self = OwnerOf(os.Getpid())
+
 // Owner identifies this process across pid reuse: pid, start time, and
 // the pid namespace they are numbers in. It is the LabelOwner of what this
 // process makes.
-var Owner = OwnerOf(os.Getpid())
+func Owner() string { return self }
 
 // pidNS names this process's pid namespace ("pid:[4026531836]").
 var pidNS, _ = os.Readlink("/proc/self/ns/pid")

@@ -148,11 +148,11 @@ func (r *Store) criPinnedImage(ctx context.Context) (string, error) {
 // events, so one made a moment ago may not be known yet: asked again
 // briefly.
 func (r *Store) criImagePinned(ctx context.Context, name string) (bool, error) {
-	conn, ok := r.Client.Conn().(grpc.ClientConnInterface)
+	cc, ok := r.Client.Conn().(grpc.ClientConnInterface)
 	if !ok {
 		return false, errors.New("no gRPC connection to ask the CRI plugin on")
 	}
-	is := criapi.NewImageServiceClient(conn)
+	is := criapi.NewImageServiceClient(cc)
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	for {

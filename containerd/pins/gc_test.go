@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/containerd/internal/ctrtest"
@@ -23,7 +24,7 @@ func TestGCLetsGoOfAdoptedRecords(t *testing.T) {
 	if _, err := rt.Pull(ctx, ref, containerd.PullOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	nsctx := withNS(ctx, rt.Namespace())
+	nsctx := namespaces.WithNamespace(ctx, rt.Namespace())
 	is := rt.Client().ImageService()
 	rec, _ := is.Get(nsctx, ref)
 	// As if kubelet had pulled it: the same target under another name, no labels.

@@ -54,7 +54,9 @@ func (w *pinWorld) pin(i int) containerd.Pin {
 	return p
 }
 
-func (w *pinWorld) nsctx() context.Context { return withNS(context.Background(), w.rt.Namespace()) }
+func (w *pinWorld) nsctx() context.Context {
+	return namespaces.WithNamespace(context.Background(), w.rt.Namespace())
+}
 
 func (w *pinWorld) record(name string) (images.Image, bool) {
 	img, err := w.rt.Client().ImageService().Get(w.nsctx(), name)
@@ -124,5 +126,3 @@ func deadOwner(t *testing.T) string {
 	cmd.Wait()
 	return owner
 }
-
-func withNS(ctx context.Context, ns string) context.Context { return namespaces.WithNamespace(ctx, ns) }

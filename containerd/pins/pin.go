@@ -144,7 +144,8 @@ func (r *Store) Pins(ctx context.Context) ([]Pin, error) {
 // ListPins lists the pins as containerd holds them now, as Pins does but
 // without recovering first: it only reads. A pin another client took
 // shows as missing (or as that client left it) until the next Pins,
-// provision or agent pass restores it. `gpupin plan` reads pins so.
+// provision or agent pass restores it. `gpupin plan`, `gpupin pins` and the agent's
+// GET /v1/pins read pins so.
 func (r *Store) ListPins(ctx context.Context) ([]Pin, error) {
 	ctx = r.Ctx(ctx)
 	imgs, err := r.Client.ImageService().List(ctx, fmt.Sprintf(`labels.%q`, LabelPin))

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/containerd/internal/ctrtest"
 	"github.com/gpupin/gpupin/internal/testenv"
@@ -80,7 +82,7 @@ func TestPinReadsTheVerdictUnderItsOldKey(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The two labels as the older gpupin left them.
-			nsctx := withNS(ctx, rt.Namespace())
+			nsctx := namespaces.WithNamespace(ctx, rt.Namespace())
 			is := rt.Client().ImageService()
 			img, err := is.Get(nsctx, ref)
 			if err != nil {
@@ -120,7 +122,7 @@ func TestDemotedPinKeepsHowItWasProved(t *testing.T) {
 	ctx := context.Background()
 	reg := testenv.Registry(t)
 	rt := testenv.Runtime(t)
-	nsctx := withNS(ctx, rt.Namespace())
+	nsctx := namespaces.WithNamespace(ctx, rt.Namespace())
 	var refs []string
 	for _, env := range []string{"DEMOTE=a", "DEMOTE=b"} {
 		ref := ctrtest.Pushed(t, reg, env)

@@ -39,7 +39,7 @@ func (r *Store) lockPinKey(ctx context.Context, key string) (func(), error) {
 	holding.Store(nonce, true)
 	for {
 		_, err := ls.Create(ctx, leases.WithID(id), leases.WithExpiration(pinLockTTL),
-			leases.WithLabels(map[string]string{conn.LabelManaged: "true", conn.LabelOwner: conn.Owner, conn.LabelRole: "pin-lock", labelLockNonce: nonce}))
+			leases.WithLabels(map[string]string{conn.LabelManaged: "true", conn.LabelOwner: conn.Owner(), conn.LabelRole: "pin-lock", labelLockNonce: nonce}))
 		if err == nil {
 			return func() {
 				releasePinLock(context.WithoutCancel(ctx), ls, id, nonce)
@@ -77,7 +77,7 @@ var holding sync.Map
 // it is this process and no call of it holds that nonce.
 func orphaned(labels map[string]string) bool {
 	o := labels[conn.LabelOwner]
-	if o == conn.Owner {
+	if o == conn.Owner() {
 		_, held := holding.Load(labels[labelLockNonce])
 		return !held
 	}

@@ -11,6 +11,7 @@ package pins
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/gpupin/gpupin/containerd/conn"
@@ -39,10 +40,15 @@ type Deps struct {
 }
 
 // New is a Store over c whose node-local names are under localPrefix
-// (CheckLocalPrefix; "" is DefaultLocalPrefix).
-func New(c *conn.Conn, localPrefix string, d Deps) *Store {
+// (CheckLocalPrefix; "" is DefaultLocalPrefix). A missing Deps function
+// is refused here rather than met as a nil call at the first SetPin or
+// Sweep.
+func New(c *conn.Conn, localPrefix string, d Deps) (*Store, error) {
+	if d.Synced == nil || d.SweepProbes == nil {
+		return nil, errors.New("pins.New: Deps.Synced and Deps.SweepProbes are both required")
+	}
 	if localPrefix == "" {
 		localPrefix = DefaultLocalPrefix
 	}
-	return &Store{Conn: c, localPrefix: localPrefix, synced: d.Synced, sweepProbes: d.SweepProbes}
+	return &Store{Conn: c, localPrefix: localPrefix, synced: d.Synced, sweepProbes: d.SweepProbes}, nil
 }

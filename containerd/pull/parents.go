@@ -25,7 +25,7 @@ import (
 //
 // A layer may write a/b/file without a header for a/b: crane append, many
 // daemonless builders and hand-made tars do. containerd's extraction
-// (archive.Apply's mkparent) then makes a/b and copies its conn.Owner, mode,
+// (archive.Apply's mkparent) then makes a/b and copies its owner, mode,
 // times and extended attributes from the first parent layer that has it
 // (WithParents), so /tmp keeps 1777 and a user's home its owner. A layer
 // extracted in parallel has no parent underneath yet: archive.Apply makes
@@ -43,7 +43,7 @@ type implicitDirs struct {
 
 type implicitDir struct {
 	// header: the layer names the directory after all (later in the tar):
-	// its conn.Owner, mode and times are the header's; only the parent's
+	// its owner, mode and times are the header's; only the parent's
 	// extended attributes that the header did not set are added.
 	header bool
 	// touched: something was created in it after it was made, which set
@@ -149,7 +149,7 @@ func (d *implicitDirs) forget(rel string) {
 
 // copyParentAttrs gives each implicit directory what containerd's
 // mkparent gives it from parents (the parent chain's layer directories,
-// top first): conn.Owner, mode, times and extended attributes of the first
+// top first): owner, mode, times and extended attributes of the first
 // layer that has the path, unless that layer has something else there.
 // A directory no parent has, made by mkparent inside one it has just
 // copied, takes the group of that one if it was setgid, as the kernel

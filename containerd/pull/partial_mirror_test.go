@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/opencontainers/go-digest"
@@ -67,7 +68,7 @@ func TestLayersKeptWhereAMirrorServes(t *testing.T) {
 				t.Fatal(err)
 			}
 			ld, _ := layer.Digest()
-			_, err = rt.Client().ContentStore().Info(withNS(ctx, rt.Namespace()), digest.Digest(ld.String()))
+			_, err = rt.Client().ContentStore().Info(namespaces.WithNamespace(ctx, rt.Namespace()), digest.Digest(ld.String()))
 			stored := err == nil
 			if err != nil && !errdefs.IsNotFound(err) {
 				t.Fatal(err)

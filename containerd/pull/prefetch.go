@@ -52,7 +52,7 @@ func (r *Puller) Prefetch(ctx context.Context, ref string, opts PullOptions, max
 	}
 	ls := r.Client.LeasesService()
 	l, err := ls.Create(ctx, leases.WithRandomID(), leases.WithExpiration(partialTTL),
-		leases.WithLabels(map[string]string{conn.LabelManaged: "true", conn.LabelOwner: conn.Owner, conn.LabelRole: "prefetch", conn.LabelSource: ref}))
+		leases.WithLabels(map[string]string{conn.LabelManaged: "true", conn.LabelOwner: conn.Owner(), conn.LabelRole: "prefetch", conn.LabelSource: ref}))
 	if err != nil {
 		return nil, fmt.Errorf("prefetch %s: create lease: %w", ref, err)
 	}

@@ -94,7 +94,7 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 		return Pulled{}, fmt.Errorf("look up %s: %w", ref, err)
 	}
 
-	labels := map[string]string{conn.LabelManaged: "true", conn.LabelCreated: "true", conn.LabelRole: "candidate", conn.LabelOwner: conn.Owner}
+	labels := map[string]string{conn.LabelManaged: "true", conn.LabelCreated: "true", conn.LabelRole: "candidate", conn.LabelOwner: conn.Owner()}
 	for k, v := range opts.Labels {
 		labels[k] = v
 	}

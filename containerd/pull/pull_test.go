@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -39,7 +40,7 @@ func TestPullByDigestAndRunHardened(t *testing.T) {
 	}
 	// The pull landed under a staging name and left only the real record;
 	// containerd still recorded where the content came from.
-	nsctx := withNS(ctx, rt.Namespace())
+	nsctx := namespaces.WithNamespace(ctx, rt.Namespace())
 	imgs, err := rt.Client().ImageService().List(nsctx)
 	if err != nil || len(imgs) != 1 || imgs[0].Name != ref {
 		t.Fatalf("image records after a pull: %v, %v; want only %s", imgs, err, ref)
@@ -119,7 +120,7 @@ func TestPullNeverRewritesAnExistingRecord(t *testing.T) {
 	}
 	// The layer's content goes (where it was stored: a layer extracted
 	// here is not), and with it the unpacked snapshots.
-	nsctx := withNS(ctx, rt.Namespace())
+	nsctx := namespaces.WithNamespace(ctx, rt.Namespace())
 	ld, _ := layer.Digest()
 	cs := rt.Client().ContentStore()
 	if err := cs.Delete(nsctx, digest.Digest(ld.String())); err != nil && !errdefs.IsNotFound(err) {

@@ -10,6 +10,7 @@ import (
 	apievents "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/labels"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/typeurl/v2"
 	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -35,7 +36,7 @@ func TestBlobsCarryTheirSourceWhenCreated(t *testing.T) {
 	for _, mode := range []string{"", "keep", "containerd"} {
 		t.Run("mode="+mode, func(t *testing.T) {
 			rt := strategyRuntime(t, mode)
-			nsctx := withNS(ctx, rt.Namespace())
+			nsctx := namespaces.WithNamespace(ctx, rt.Namespace())
 			// containerd publishes content-create events from 2.0 on
 			// (1.6.20 and 1.7.35 publish none, 2.1.9 and 2.4.2 do): before
 			// it, the labels are read once the pull is done.

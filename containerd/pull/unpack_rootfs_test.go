@@ -21,6 +21,7 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
@@ -124,7 +125,7 @@ func TestUnpackMatchesCtrPull(t *testing.T) {
 					if err != nil {
 						t.Fatalf("ctr pull: %v\n%s", err, out)
 					}
-					compareChains(t, rt.Client(), withNS(ctx, ctrNS), withNS(ctx, rt.Namespace()), identity.ChainIDs(diffIDs), since)
+					compareChains(t, rt.Client(), namespaces.WithNamespace(ctx, ctrNS), namespaces.WithNamespace(ctx, rt.Namespace()), identity.ChainIDs(diffIDs), since)
 				})
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/images/archive"
 	"github.com/containerd/containerd/v2/pkg/labels"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/google/go-containerregistry/pkg/compression"
@@ -157,7 +158,7 @@ func TestUnpackStrategiesMakeTheSameRootfs(t *testing.T) {
 				if _, err := rt.Pull(ctx, ref, containerd.PullOptions{}); err != nil {
 					t.Fatal(err)
 				}
-				nsctx := withNS(ctx, rt.Namespace())
+				nsctx := namespaces.WithNamespace(ctx, rt.Namespace())
 				// The default extracts layers in parallel (as root, on
 				// overlayfs, on every containerd), and then stores none it
 				// extracted.
@@ -240,7 +241,7 @@ func TestStreamedLayerIsNotCommittedUnverified(t *testing.T) {
 		t.Fatal("a corrupt layer was pulled")
 	}
 	t.Logf("pull: %v", err)
-	nsctx := withNS(ctx, rt.Namespace())
+	nsctx := namespaces.WithNamespace(ctx, rt.Namespace())
 	var committed []string
 	rt.Client().SnapshotService("overlayfs").Walk(nsctx, func(_ context.Context, info snapshotInfo) error {
 		committed = append(committed, info.Name)
@@ -282,7 +283,7 @@ func TestZstdPublishedVariantUnpacksToTheSameDiffIDs(t *testing.T) {
 			if _, err := rt.Pull(ctx, ref, containerd.PullOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			nsctx := withNS(ctx, rt.Namespace())
+			nsctx := namespaces.WithNamespace(ctx, rt.Namespace())
 			rec, err := rt.Client().ImageService().Get(nsctx, ref)
 			if err != nil {
 				t.Fatal(err)
@@ -455,7 +456,7 @@ func TestLayersExtractedHereAreNotStored(t *testing.T) {
 				t.Error("no progress was reported while the layer downloaded")
 			}
 			mu.Unlock()
-			nsctx := withNS(ctx, rt.Namespace())
+			nsctx := namespaces.WithNamespace(ctx, rt.Namespace())
 			_, err = rt.Client().ContentStore().Info(nsctx, digest.Digest(ld.String()))
 			direct := !keep
 			t.Logf("keep %v: the layer's blob in the store: %v", keep, err == nil)

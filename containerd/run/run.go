@@ -166,7 +166,7 @@ func (r *Runner) runnable(ctx context.Context, name string) (client.Image, error
 // newContainer creates the container and its snapshot, labelled as
 // gpupin's and its owner's so a sweep finds them if this process dies.
 func (r *Runner) newContainer(ctx context.Context, img client.Image, id string, spec RunSpec, seccompMode Seccomp) (client.Container, error) {
-	labels := map[string]string{conn.LabelManaged: "true", conn.LabelOwner: conn.Owner, conn.LabelRole: spec.Role}
+	labels := map[string]string{conn.LabelManaged: "true", conn.LabelOwner: conn.Owner(), conn.LabelRole: spec.Role}
 	maps.Copy(labels, spec.Labels)
 	specOpts, runcOpts, err := r.specFor(img, spec, seccompMode)
 	if err != nil {
@@ -175,7 +175,7 @@ func (r *Runner) newContainer(ctx context.Context, img client.Image, id string, 
 	cont, err := r.Client.NewContainer(ctx, id,
 		client.WithImage(img),
 		client.WithSnapshotter(r.Snapshotter),
-		client.WithNewSnapshot(id, img, snapshots.WithLabels(map[string]string{conn.LabelManaged: "true", conn.LabelOwner: conn.Owner})),
+		client.WithNewSnapshot(id, img, snapshots.WithLabels(map[string]string{conn.LabelManaged: "true", conn.LabelOwner: conn.Owner()})),
 		client.WithRuntime("io.containerd.runc.v2", runcOpts),
 		client.WithNewSpec(specOpts...),
 		client.WithContainerLabels(labels),

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/containerd/internal/ctrtest"
 	"github.com/gpupin/gpupin/internal/testenv"
@@ -66,7 +68,7 @@ func runBox(t *testing.T, rt *containerd.Runtime, spec containerd.RunSpec) (outp
 		res, err := rt.Run(ctx, spec)
 		done <- result{res, err}
 	}()
-	nsctx := withNS(ctx, rt.Namespace())
+	nsctx := namespaces.WithNamespace(ctx, rt.Namespace())
 	deadline := time.Now().Add(60 * time.Second)
 	var limitsErr error
 	for limits == nil {
