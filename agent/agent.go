@@ -35,6 +35,16 @@ import (
 	"github.com/gpupin/gpupin/provision"
 )
 
+// Runtime is everything the agent asks of containerd, said in full
+// (containerd.Runtime is all of it): a part it lacks is a compile error,
+// not a feature lost without a word.
+type Runtime interface {
+	PinLister
+	Sweeper
+	Recoverer
+	ForeignReporter
+}
+
 // PinLister lists the pins in the agent's containerd namespace as
 // containerd holds them: the agent's reads (GET /v1/pins, its pass's
 // check of the ready engines) write nothing; its Recoverer restores.
@@ -57,7 +67,7 @@ type Options struct {
 	NoOverridesFile bool
 	Logger          *slog.Logger
 	// Sweeper removes what interrupted gpupin processes left; nil: the
-	// PinLister, when it is one (a *containerd.Runtime is).
+	// runtime's.
 	Sweeper Sweeper
 	// SweepEvery is the period of Maintain's pass: leftovers whose owner
 	// is gone are swept (a probe orphaned after the loop's sweep at start,
@@ -68,7 +78,7 @@ type Options struct {
 	SweepEvery time.Duration
 	// Recoverer puts back pins other clients of containerd took (kubelet's
 	// image GC, a pull of a pinned reference), on the same timer as the
-	// sweep; nil: the PinLister, when it is one (a *containerd.Runtime is).
+	// sweep; nil: the runtime's.
 	Recoverer Recoverer
 	// NFDFeaturesDir is node-feature-discovery's features.d directory:
 	// the agent keeps a file there (FeatureFile) with a label per ready
@@ -144,30 +154,26 @@ type Agent struct {
 	foreignMu sync.Mutex
 	foreign   []ForeignRecord // the last keptForeign, newest last
 	foreignN  int64
-	hooked    bool         // the runtime reports foreign records to foundForeign
 	metrics   *Metrics     // set by Run when it serves metrics
 	sweeps    atomic.Int64 // periodic sweeps Watch has done
 }
 
 // New makes an Agent over a loop; call Reload to read the files.
-func New(loop *provision.Loop, pins PinLister, opts Options) *Agent {
+func New(loop *provision.Loop, rt Runtime, opts Options) *Agent {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
 	if opts.Sweeper == nil {
-		opts.Sweeper, _ = pins.(Sweeper)
+		opts.Sweeper = rt
 	}
 	if opts.Recoverer == nil {
-		opts.Recoverer, _ = pins.(Recoverer)
+		opts.Recoverer = rt
 	}
 	if opts.SweepEvery == 0 {
 		opts.SweepEvery = DefaultSweepEvery
 	}
-	a := &Agent{loop: loop, pins: pins, opts: opts, cfg: &Config{}, fileOv: map[string]string{}, gone: map[string]time.Time{}, watching: make(chan struct{})}
-	if fr, ok := pins.(ForeignReporter); ok {
-		fr.OnForeign(a.foundForeign)
-		a.hooked = true
-	}
+	a := &Agent{loop: loop, pins: rt, opts: opts, cfg: &Config{}, fileOv: map[string]string{}, gone: map[string]time.Time{}, watching: make(chan struct{})}
+	rt.OnForeign(a.foundForeign)
 	if opts.NFDFeaturesDir != "" {
 		f, err := NewFeatureFile(opts.NFDFeaturesDir)
 		if err != nil {

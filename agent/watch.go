@@ -118,14 +118,12 @@ func (a *Agent) Maintain(ctx context.Context) {
 
 // pass is one periodic pass of Maintain.
 func (a *Agent) pass(ctx context.Context) {
-	if a.opts.Sweeper != nil {
-		s, err := a.opts.Sweeper.SweepOrphans(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			a.opts.Logger.Warn("periodic sweep of leftovers failed", "err", err)
-		case s.Containers+s.Leases+s.Candidates > 0:
-			a.opts.Logger.Info("swept leftovers of interrupted runs", "containers", s.Containers, "leases", s.Leases, "candidates", s.Candidates, "periodic", true)
-		}
+	s, err := a.opts.Sweeper.SweepOrphans(ctx)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		a.opts.Logger.Warn("periodic sweep of leftovers failed", "err", err)
+	case s.Containers+s.Leases+s.Candidates > 0:
+		a.opts.Logger.Info("swept leftovers of interrupted runs", "containers", s.Containers, "leases", s.Leases, "candidates", s.Candidates, "periodic", true)
 	}
 	a.recover(ctx)
 	a.CheckPins(ctx)
@@ -139,19 +137,14 @@ func (a *Agent) pass(ctx context.Context) {
 // a pinned reference. Each repair is logged; the loop's next pass answers
 // from the restored pin.
 func (a *Agent) recover(ctx context.Context) {
-	if a.opts.Recoverer == nil {
-		return
-	}
 	done, err := a.opts.Recoverer.Recover(ctx)
 	if err != nil && ctx.Err() == nil {
 		a.opts.Logger.Warn("recovering pins failed", "err", err)
 	}
 	for _, r := range done {
 		switch {
-		case r.Action == "foreign" && a.hooked:
-			// Reported as the runtime found it (foundForeign).
 		case r.Action == "foreign":
-			a.foundForeign(r)
+			// Reported as the runtime found it (OnForeign: foundForeign).
 		default:
 			a.opts.Logger.Info("pin "+r.Action, "key", r.Key, "ref", r.Ref, "detail", r.Detail)
 		}
