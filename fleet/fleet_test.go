@@ -533,9 +533,13 @@ func TestOutageKeepsChoicesAndCatchesUp(t *testing.T) {
 	if _, err := eo.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The informers' reconnect backs off up to 30 s (client-go's reflector).
-	a.await(t, "vllm", "cu13", 45*time.Second)
-	b.await(t, "vllm", "cu13", 45*time.Second)
+	// The informers' reconnect backs off up to 30 s with a jitter of 1.0
+	// (client-go's reflector: 800 ms doubling, capped at 30 s), so up to
+	// 60 s; an API server that just came back may also refuse a first
+	// watch as forbidden, its authorizer not yet synced, which backs off
+	// again. 45 s was seen to miss once on 2 busy cores.
+	a.await(t, "vllm", "cu13", 90*time.Second)
+	b.await(t, "vllm", "cu13", 90*time.Second)
 	t.Logf("both agents caught up %s after the API server was back", time.Since(back).Round(time.Millisecond))
 	eo.Delete(ctx, "outage", metav1.DeleteOptions{})
 }
