@@ -134,6 +134,11 @@ func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs)
 	if err != nil {
 		return nil, err
 	}
+	// The probe runs in the image as containerd holds it: without
+	// containerd that is the answer, whatever the node says.
+	if _, none := p.rt.(absent); none {
+		return nil, fmt.Errorf("probe target: %w to find the image in", errNoRuntime)
+	}
 	facts, err := p.opts.Node.Read(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read node facts: %w", err)
@@ -141,11 +146,7 @@ func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs)
 	if !facts.Simulated && !facts.Supported() {
 		return nil, newOutcome(ErrUnsupported, nil, "unsupported: %s", facts.Unsupported)
 	}
-	// The probe runs in the image as containerd holds it; it must be there.
 	cfg, err := p.rt.ImageConfig(ctx, image, facts.Platform)
-	if errors.Is(err, errNoRuntime) {
-		return nil, fmt.Errorf("probe target: %w to find the image in", err)
-	}
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return nil, fmt.Errorf("%w: %w", ErrNotPulled, err)

@@ -586,4 +586,20 @@ func TestNewRefuses(t *testing.T) {
 	if _, err := p.Pins(t.Context(), false); err == nil || !strings.Contains(err.Error(), "no runtime") {
 		t.Fatalf("Pins without containerd: %v", err)
 	}
+	// A probe target needs the image as containerd holds it: without
+	// containerd that is the answer, before a node that cannot be read.
+	p, err = provision.New(nil, provision.WithNode(unreadable{}), provision.WithOverrides(provision.NoOverrides()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.ProbeTarget(t.Context(), demoRef, provision.ProbeAs{}); err == nil || !strings.Contains(err.Error(), "no runtime") {
+		t.Fatalf("ProbeTarget without containerd: %v; want it to say there is no runtime", err)
+	}
+}
+
+// unreadable is a node whose facts cannot be read (NVML missing, say).
+type unreadable struct{}
+
+func (unreadable) Read(context.Context) (*node.Facts, error) {
+	return nil, errors.New("nvml: library not found")
 }

@@ -5,7 +5,9 @@
 // refusal of a record repointed outside gpupin (Tampered).
 //
 // It sits below the three, so they need not import one another; the front
-// (package containerd) builds a Conn in Connect and hands it to each.
+// (package containerd) builds a Conn in Connect and hands it to each. Each
+// keeps it in an unexported field, not embedded, so that a part exports
+// its own methods and not the connection's.
 package conn
 
 import (

@@ -93,7 +93,7 @@ func CRIPinningOf(version string) CRIPinning {
 // judging the version (How says which). An error only when the daemon does
 // not answer at all.
 func (r *Store) CRIPinning(ctx context.Context) (CRIPinning, error) {
-	v, err := r.Client.Version(ctx)
+	v, err := r.conn.Client.Version(ctx)
 	if err != nil {
 		return CRIPinning{}, fmt.Errorf("containerd version: %w", err)
 	}
@@ -124,7 +124,7 @@ func (r *Store) CRIPinning(ctx context.Context) (CRIPinning, error) {
 // when there is none.
 func (r *Store) criPinnedImage(ctx context.Context) (string, error) {
 	ctx = namespaces.WithNamespace(ctx, CRINamespace)
-	imgs, err := r.Client.ImageService().List(ctx, fmt.Sprintf(`labels.%q==%q,labels.%q==%q`, LabelCRIPinned, "pinned", conn.LabelManaged, "true"))
+	imgs, err := r.conn.Client.ImageService().List(ctx, fmt.Sprintf(`labels.%q==%q,labels.%q==%q`, LabelCRIPinned, "pinned", conn.LabelManaged, "true"))
 	if err != nil {
 		return "", fmt.Errorf("list pinned records in %s: %w", CRINamespace, err)
 	}
@@ -148,7 +148,7 @@ func (r *Store) criPinnedImage(ctx context.Context) (string, error) {
 // events, so one made a moment ago may not be known yet: asked again
 // briefly.
 func (r *Store) criImagePinned(ctx context.Context, name string) (bool, error) {
-	cc, ok := r.Client.Conn().(grpc.ClientConnInterface)
+	cc, ok := r.conn.Client.Conn().(grpc.ClientConnInterface)
 	if !ok {
 		return false, errors.New("no gRPC connection to ask the CRI plugin on")
 	}

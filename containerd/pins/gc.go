@@ -33,7 +33,7 @@ type Collected struct {
 // while it points at its key's pin.
 func (r *Store) GC(ctx context.Context, all bool) (Collected, error) {
 	var out Collected
-	ctx = r.Ctx(ctx)
+	ctx = r.conn.Ctx(ctx)
 	var err error
 	if out.Swept, err = r.Sweep(ctx); err != nil {
 		return out, fmt.Errorf("gc: %w", err)
@@ -49,7 +49,7 @@ func (r *Store) GC(ctx context.Context, all bool) (Collected, error) {
 		}
 	}
 	used := map[string]bool{}
-	conts, err := r.Client.Containers(ctx)
+	conts, err := r.conn.Client.Containers(ctx)
 	if err != nil {
 		return out, fmt.Errorf("gc: list containers: %w", err)
 	}
@@ -59,7 +59,7 @@ func (r *Store) GC(ctx context.Context, all bool) (Collected, error) {
 			used[info.Image] = true
 		}
 	}
-	is := r.Client.ImageService()
+	is := r.conn.Client.ImageService()
 	imgs, err := is.List(ctx, fmt.Sprintf(`labels.%q`, conn.LabelManaged))
 	if err != nil {
 		return out, fmt.Errorf("gc: list images: %w", err)

@@ -143,7 +143,7 @@ type LocalNames struct {
 // pass; the mirror's filters keep it from happening.
 func (r *Store) LocalNames(ctx context.Context) (LocalNames, error) {
 	host, _, _ := strings.Cut(r.localPrefix, "/")
-	m, err := r.Registry.Mirrors(ctx, host)
+	m, err := r.conn.Registry.Mirrors(ctx, host)
 	ln := LocalNames{Prefix: r.localPrefix, Mirror: m}
 	if err != nil || !m.Mirrored() {
 		return ln, err

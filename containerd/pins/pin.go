@@ -147,8 +147,8 @@ func (r *Store) Pins(ctx context.Context) ([]Pin, error) {
 // provision or agent pass restores it. `gpupin plan`, `gpupin pins` and the agent's
 // GET /v1/pins read pins so.
 func (r *Store) ListPins(ctx context.Context) ([]Pin, error) {
-	ctx = r.Ctx(ctx)
-	imgs, err := r.Client.ImageService().List(ctx, fmt.Sprintf(`labels.%q`, LabelPin))
+	ctx = r.conn.Ctx(ctx)
+	imgs, err := r.conn.Client.ImageService().List(ctx, fmt.Sprintf(`labels.%q`, LabelPin))
 	if err != nil {
 		return nil, fmt.Errorf("list pins: %w", err)
 	}
@@ -191,7 +191,7 @@ func (r *Store) ListPins(ctx context.Context) ([]Pin, error) {
 
 // PreviousPins lists the records kept for rollback.
 func (r *Store) PreviousPins(ctx context.Context) ([]Pin, error) {
-	imgs, err := r.Client.ImageService().List(r.Ctx(ctx), fmt.Sprintf(`labels.%q`, LabelPrevious))
+	imgs, err := r.conn.Client.ImageService().List(r.conn.Ctx(ctx), fmt.Sprintf(`labels.%q`, LabelPrevious))
 	if err != nil {
 		return nil, fmt.Errorf("list previous pins: %w", err)
 	}
@@ -337,7 +337,7 @@ func (e *HeldError) Is(target error) bool {
 // record still be written after this one (by a tool that takes no lock),
 // this pin steps back for it rather than demote it.
 func (r *Store) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
-	ctx = r.Ctx(ctx)
+	ctx = r.conn.Ctx(ctx)
 	// A pin says the image was proved: its files are on disk before it
 	// is written, or a power cut could leave it naming a snapshot whose
 	// files never were (durable.go). Before the key's lock: a slow disk
@@ -350,7 +350,7 @@ func (r *Store) SetPin(ctx context.Context, p Pin, opts SetPinOptions) error {
 		return err
 	}
 	defer unlock()
-	is := r.Client.ImageService()
+	is := r.conn.Client.ImageService()
 	img, err := is.Get(ctx, p.Ref)
 	if err != nil {
 		return fmt.Errorf("pin %s: image record %s: %w", p.Key, p.Ref, err)
@@ -439,7 +439,7 @@ func (r *Store) demote(ctx context.Context, img images.Image, key string) error 
 		}
 	}
 	img.Labels = keep
-	_, err := r.Client.ImageService().Update(ctx, img, labelPaths(pinLabelKeys)...)
+	_, err := r.conn.Client.ImageService().Update(ctx, img, labelPaths(pinLabelKeys)...)
 	return err
 }
 
@@ -447,7 +447,7 @@ func (r *Store) demote(ctx context.Context, img images.Image, key string) error 
 // a previous pin, until gc. A pin that another client took (and Recover
 // would put back) is unpinned too: its proof goes.
 func (r *Store) Unpin(ctx context.Context, key string) (*Pin, error) {
-	ctx = r.Ctx(ctx)
+	ctx = r.conn.Ctx(ctx)
 	unlock, err := r.lockPinKey(ctx, key)
 	if err != nil {
 		return nil, err
@@ -481,7 +481,7 @@ func (r *Store) Unpin(ctx context.Context, key string) (*Pin, error) {
 		}
 	}
 	for _, l := range s.locals {
-		if err := r.Client.ImageService().Delete(ctx, l.Name); err != nil && !errdefs.IsNotFound(err) {
+		if err := r.conn.Client.ImageService().Delete(ctx, l.Name); err != nil && !errdefs.IsNotFound(err) {
 			return nil, fmt.Errorf("unpin %s: remove the local name %s: %w", key, l.Name, err)
 		}
 	}
@@ -491,8 +491,8 @@ func (r *Store) Unpin(ctx context.Context, key string) (*Pin, error) {
 // DiscardCandidate removes a record this process pulled for a candidate
 // that did not pass; never a pin, never a record it did not make.
 func (r *Store) DiscardCandidate(ctx context.Context, name string) error {
-	ctx = r.Ctx(ctx)
-	is := r.Client.ImageService()
+	ctx = r.conn.Ctx(ctx)
+	is := r.conn.Client.ImageService()
 	return conn.Cleanup(ctx, func(ctx context.Context) error {
 		img, err := is.Get(ctx, name)
 		if err != nil {

@@ -31,7 +31,7 @@ const labelLockNonce = "io.gpupin.lock-nonce"
 // a lease of a fixed ID is a mutex the daemon keeps, since creating one
 // that exists fails.
 func (r *Store) lockPinKey(ctx context.Context, key string) (func(), error) {
-	ls := r.Client.LeasesService()
+	ls := r.conn.Client.LeasesService()
 	id := pinLockID(key)
 	nonce := rand.Text()
 	// Known from before the request: a holding whose answer has not come

@@ -280,7 +280,7 @@ func (r *Store) current(s *keyState) *images.Image {
 // image GC removed is back within that period. When nothing needs doing it
 // is three listings and a look at each key's proof.
 func (r *Store) Recover(ctx context.Context) ([]Recovered, error) {
-	ctx = r.Ctx(ctx)
+	ctx = r.conn.Ctx(ctx)
 	states, err := r.keyStates(ctx, "")
 	if err != nil {
 		return nil, fmt.Errorf("recover pins: %w", err)
@@ -331,7 +331,7 @@ var recoverLockWait = 10 * time.Second
 
 // keyStates reads what containerd holds for every key, or for one.
 func (r *Store) keyStates(ctx context.Context, only string) (map[string]*keyState, error) {
-	is := r.Client.ImageService()
+	is := r.conn.Client.ImageService()
 	filter := func(label string) string {
 		if only != "" {
 			return fmt.Sprintf(`labels.%q==%q`, label, only)
@@ -399,7 +399,7 @@ func (r *Store) keyStates(ctx context.Context, only string) (map[string]*keyStat
 		s := state(key)
 		s.locals = append(s.locals, img)
 	}
-	ls := r.Client.LeasesService()
+	ls := r.conn.Client.LeasesService()
 	lf := fmt.Sprintf(`labels.%q==%q`, conn.LabelRole, PinLeaseRole)
 	if only != "" {
 		lf = fmt.Sprintf("id==%q", pinLeaseID(only))
@@ -408,7 +408,7 @@ func (r *Store) keyStates(ctx context.Context, only string) (map[string]*keyStat
 	if err != nil {
 		return nil, fmt.Errorf("list pin leases: %w", err)
 	}
-	cs := r.Client.ContentStore()
+	cs := r.conn.Client.ContentStore()
 	for _, l := range held {
 		key := l.Labels[LabelPin]
 		if key == "" || l.ID != pinLeaseID(key) {
@@ -519,7 +519,7 @@ func (r *Store) fixKeyLocked(ctx context.Context, key string) ([]Recovered, erro
 // the pin's lease kept. It returns nil and why, when the proof must not or
 // cannot be restored.
 func (r *Store) restore(ctx context.Context, key string, p proof) (*images.Image, string, string, error) {
-	is := r.Client.ImageService()
+	is := r.conn.Client.ImageService()
 	labels := cloneLabels(p.Labels)
 	labels[LabelRestored] = time.Now().UTC().Format(time.RFC3339)
 	labels[LabelCRIPinned] = "pinned"
@@ -546,14 +546,14 @@ func (r *Store) restore(ctx context.Context, key string, p proof) (*images.Image
 			return nil, "", "", err
 		}
 		target := p.target()
-		if _, err := r.Client.ContentStore().Info(ctx, target.Digest); errdefs.IsNotFound(err) {
+		if _, err := r.conn.Client.ContentStore().Info(ctx, target.Digest); errdefs.IsNotFound(err) {
 			return nil, "", "its record and content are gone: it is proved again", nil
 		} else if err != nil {
 			return nil, "", "", err
 		}
-		img := client.NewImageWithPlatform(r.Client, images.Image{Name: p.Ref, Target: target}, platforms.Default())
-		if ok, err := img.IsUnpacked(ctx, r.Snapshotter); err != nil || !ok {
-			if err := img.Unpack(ctx, r.Snapshotter); err != nil {
+		img := client.NewImageWithPlatform(r.conn.Client, images.Image{Name: p.Ref, Target: target}, platforms.Default())
+		if ok, err := img.IsUnpacked(ctx, r.conn.Snapshotter); err != nil || !ok {
+			if err := img.Unpack(ctx, r.conn.Snapshotter); err != nil {
 				return nil, "", fmt.Sprintf("its record is gone and its content incomplete (%v): it is proved again", err), nil
 			}
 		}
@@ -587,14 +587,14 @@ func (r *Store) keepProof(ctx context.Context, key string, cur images.Image, s *
 			return out, err
 		}
 		info := content.Info{Digest: cur.Target.Digest, Labels: map[string]string{proofLabel(key): v}}
-		if _, err := r.Client.ContentStore().Update(ctx, info, "labels."+proofLabel(key)); err != nil {
+		if _, err := r.conn.Client.ContentStore().Update(ctx, info, "labels."+proofLabel(key)); err != nil {
 			return out, fmt.Errorf("pin %s: write its proof on %s: %w", key, cur.Target.Digest, err)
 		}
 		if len(s.proofs) == 0 {
 			out = append(out, Recovered{Key: key, Ref: cur.Name, Action: "proof"})
 		}
 	}
-	ls := r.Client.LeasesService()
+	ls := r.conn.Client.LeasesService()
 	l := leases.Lease{ID: pinLeaseID(key)}
 	if !s.lease {
 		var err error
@@ -622,10 +622,10 @@ func (r *Store) keepProof(ctx context.Context, key string, cur images.Image, s *
 // of it; the manifest stays for whatever else holds it.
 func (r *Store) dropProof(ctx context.Context, key string, l leases.Lease, on digest.Digest) error {
 	info := content.Info{Digest: on, Labels: map[string]string{}}
-	if _, err := r.Client.ContentStore().Update(ctx, info, "labels."+proofLabel(key)); err != nil && !errdefs.IsNotFound(err) {
+	if _, err := r.conn.Client.ContentStore().Update(ctx, info, "labels."+proofLabel(key)); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("pin %s: clear its proof on %s: %w", key, on, err)
 	}
-	err := r.Client.LeasesService().DeleteResource(ctx, l, leases.Resource{ID: on.String(), Type: "content"})
+	err := r.conn.Client.LeasesService().DeleteResource(ctx, l, leases.Resource{ID: on.String(), Type: "content"})
 	if err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("pin %s: let go of %s: %w", key, on, err)
 	}
@@ -671,7 +671,7 @@ func (r *Store) clearProofs(ctx context.Context, key string, s *keyState) error 
 	if !s.lease {
 		return nil
 	}
-	if err := r.Client.LeasesService().Delete(ctx, l); err != nil && !errdefs.IsNotFound(err) {
+	if err := r.conn.Client.LeasesService().Delete(ctx, l); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("pin %s: delete the lease of its content: %w", key, err)
 	}
 	return nil
@@ -727,7 +727,7 @@ func (r *Store) foreignLocal(ctx context.Context, key string, l images.Image, cu
 		}
 		return fmt.Sprintf("%s, on %s, carries no %s marker and is not on this node's pin of %s", l.Name, l.Target.Digest, LabelLocalPin, key)
 	}
-	rec, err := r.Client.ImageService().Get(ctx, m)
+	rec, err := r.conn.Client.ImageService().Get(ctx, m)
 	switch {
 	case err != nil:
 		return fmt.Sprintf("%s, on %s, names the pin %s, which this node does not have (labels copied from another node's record)", l.Name, l.Target.Digest, m)
@@ -744,7 +744,7 @@ func (r *Store) foreignLocal(ctx context.Context, key string, l images.Image, cu
 // copied onto someone's image) only loses gpupin's labels. It says which
 // it did.
 func (r *Store) dropLocal(ctx context.Context, l images.Image, foreign bool) (string, error) {
-	is := r.Client.ImageService()
+	is := r.conn.Client.ImageService()
 	if !foreign || strings.HasPrefix(l.Name, r.localPrefix+"/") {
 		if err := is.Delete(ctx, l.Name); err != nil && !errdefs.IsNotFound(err) {
 			return "", fmt.Errorf("remove the local name %s: %w", l.Name, err)
@@ -762,7 +762,7 @@ func (r *Store) dropLocal(ctx context.Context, l images.Image, foreign bool) (st
 // store's prefix, made if missing, and any another prefix made, so
 // every name in use moves in the same step.
 func (r *Store) keepLocal(ctx context.Context, key string, cur images.Image, locals []images.Image) ([]Recovered, error) {
-	is := r.Client.ImageService()
+	is := r.conn.Client.ImageService()
 	own := r.LocalName(key)
 	want := localLabels(key, cur)
 	var out []Recovered
@@ -821,7 +821,7 @@ func (r *Store) removeStrays(ctx context.Context, strays []images.Image) (out []
 	defer func() { r.reportForeign(out) }()
 	var errs []error
 	for _, l := range strays {
-		if err := r.Client.ImageService().Delete(ctx, l.Name); err != nil && !errdefs.IsNotFound(err) {
+		if err := r.conn.Client.ImageService().Delete(ctx, l.Name); err != nil && !errdefs.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("remove %s: %w", l.Name, err))
 			continue
 		}
@@ -843,7 +843,7 @@ func sameLabels(have, want map[string]string) bool {
 // localNames maps each key to the local names that point at its pin,
 // this store's own prefix first.
 func (r *Store) localNames(ctx context.Context) (map[string][]images.Image, error) {
-	imgs, err := r.Client.ImageService().List(ctx, fmt.Sprintf(`labels.%q`, LabelLocal))
+	imgs, err := r.conn.Client.ImageService().List(ctx, fmt.Sprintf(`labels.%q`, LabelLocal))
 	if err != nil {
 		return nil, fmt.Errorf("list local names: %w", err)
 	}

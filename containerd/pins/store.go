@@ -19,7 +19,7 @@ import (
 
 // Store keeps the pins of one containerd namespace.
 type Store struct {
-	*conn.Conn
+	conn        *conn.Conn
 	localPrefix string // of the node-local names (local.go)
 	synced      func(ctx context.Context) error
 	sweepProbes func(ctx context.Context) (int, error)
@@ -50,5 +50,5 @@ func New(c *conn.Conn, localPrefix string, d Deps) (*Store, error) {
 	if localPrefix == "" {
 		localPrefix = DefaultLocalPrefix
 	}
-	return &Store{Conn: c, localPrefix: localPrefix, synced: d.Synced, sweepProbes: d.SweepProbes}, nil
+	return &Store{conn: c, localPrefix: localPrefix, synced: d.Synced, sweepProbes: d.SweepProbes}, nil
 }

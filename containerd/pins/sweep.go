@@ -36,7 +36,7 @@ func (r *Store) SweepOrphans(ctx context.Context) (Swept, error) {
 }
 
 func (r *Store) sweep(ctx context.Context, keepPartial bool) (Swept, error) {
-	ctx = r.Ctx(ctx)
+	ctx = r.conn.Ctx(ctx)
 	var s Swept
 	// Probe containers, by the part that runs them (run.Runner.SweepProbes).
 	var err error
@@ -44,7 +44,7 @@ func (r *Store) sweep(ctx context.Context, keepPartial bool) (Swept, error) {
 		return s, fmt.Errorf("sweep: %w", err)
 	}
 
-	is := r.Client.ImageService()
+	is := r.conn.Client.ImageService()
 	imgs, err := is.List(ctx, fmt.Sprintf(`labels.%q==candidate`, conn.LabelRole))
 	if err != nil {
 		return s, fmt.Errorf("sweep: list candidates: %w", err)
@@ -59,7 +59,7 @@ func (r *Store) sweep(ctx context.Context, keepPartial bool) (Swept, error) {
 		s.Candidates++
 	}
 
-	ls := r.Client.LeasesService()
+	ls := r.conn.Client.LeasesService()
 	all, err := ls.List(ctx, fmt.Sprintf(`labels.%q`, conn.LabelManaged))
 	if err != nil {
 		return s, fmt.Errorf("sweep: list leases: %w", err)

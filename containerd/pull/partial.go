@@ -94,7 +94,7 @@ func (r *Puller) storeLayers(ctx context.Context, s unpackStrategy, ref string) 
 		// containerd's own pull would.
 		return true
 	}
-	ls, err := r.Client.LeasesService().List(ctx, "id=="+partialLeaseID(ref))
+	ls, err := r.conn.Client.LeasesService().List(ctx, "id=="+partialLeaseID(ref))
 	return err == nil && len(ls) > 0
 }
 
@@ -109,7 +109,7 @@ func (r *Puller) mirrorFor(ctx context.Context, ref string) (registry.Mirrors, e
 	if err != nil {
 		return registry.Mirrors{}, fmt.Errorf("reference %s: %w", ref, err)
 	}
-	return r.Registry.Mirrors(ctx, reference.Domain(n))
+	return r.conn.Registry.Mirrors(ctx, reference.Domain(n))
 }
 
 // LayerStorage is whether and why pulls store the layer blobs they
@@ -135,14 +135,14 @@ type LayerStorage struct {
 
 // LayerStorage says whether and why pulls here store layer blobs.
 func (r *Puller) LayerStorage(ctx context.Context) (LayerStorage, error) {
-	ctx = r.Ctx(ctx)
+	ctx = r.conn.Ctx(ctx)
 	s, err := r.strategy(ctx)
 	if err != nil {
 		return LayerStorage{}, err
 	}
 	ls := LayerStorage{Forced: r.keepLayers, Streamed: !s.containerd && s.parallel && s.local, Unpack: s.String(),
-		HostsDir: r.Registry.Config().HostsDir}
-	ls.Mirrored, err = r.Registry.MirrorConfigs(ctx)
+		HostsDir: r.conn.Registry.Config().HostsDir}
+	ls.Mirrored, err = r.conn.Registry.MirrorConfigs(ctx)
 	var names []string
 	for _, m := range ls.Mirrored {
 		name := m.Registry
@@ -179,7 +179,7 @@ func (r *Puller) keepPartial(ctx context.Context, ref string) error {
 	if !ok {
 		return nil
 	}
-	ls := r.Client.LeasesService()
+	ls := r.conn.Client.LeasesService()
 	res, err := ls.ListResources(ctx, leases.Lease{ID: cur})
 	if err != nil {
 		return fmt.Errorf("list what the pull fetched: %w", err)

@@ -39,7 +39,7 @@ const prefetchExpansion = 4
 // it all as usual. What it fetched is held under a lease of its own until
 // release is called (or for an hour, should the process die).
 func (r *Puller) Prefetch(ctx context.Context, ref string, opts PullOptions, maxBytes int64) (release func(), err error) {
-	ctx = registry.LogContext(r.Ctx(ctx))
+	ctx = registry.LogContext(r.conn.Ctx(ctx))
 	size, err := r.layerBytes(ctx, ref, opts.MediaType)
 	if err != nil {
 		return nil, fmt.Errorf("prefetch %s: %w", ref, err)
@@ -50,7 +50,7 @@ func (r *Puller) Prefetch(ctx context.Context, ref string, opts PullOptions, max
 	if free, ok := r.snapshotFree(ctx); ok && free < size*prefetchExpansion {
 		return nil, fmt.Errorf("prefetch %s: %w: %d bytes free under the snapshots, %d wanted", ref, ErrNoRoomToPrefetch, free, size*prefetchExpansion)
 	}
-	ls := r.Client.LeasesService()
+	ls := r.conn.Client.LeasesService()
 	l, err := ls.Create(ctx, leases.WithRandomID(), leases.WithExpiration(partialTTL),
 		leases.WithLabels(map[string]string{conn.LabelManaged: "true", conn.LabelOwner: conn.Owner(), conn.LabelRole: "prefetch", conn.LabelSource: ref}))
 	if err != nil {
@@ -117,7 +117,7 @@ func (r *Puller) layerBytes(ctx context.Context, ref, mediaType string) (int64, 
 // snapshotFree is the free space under the snapshotter's root, when this
 // process sees that directory.
 func (r *Puller) snapshotFree(ctx context.Context) (int64, bool) {
-	resp, err := r.Client.IntrospectionService().Plugins(ctx, fmt.Sprintf("type==%s, id==%s", plugins.SnapshotPlugin, r.Snapshotter))
+	resp, err := r.conn.Client.IntrospectionService().Plugins(ctx, fmt.Sprintf("type==%s, id==%s", plugins.SnapshotPlugin, r.conn.Snapshotter))
 	if err != nil || len(resp.Plugins) == 0 {
 		return 0, false
 	}

@@ -51,12 +51,12 @@ type PullOptions struct {
 // may be a pin. So the pull lands under a staging name of its own, and the
 // real record is then created, never updated.
 func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled, error) {
-	ctx = registry.LogContext(r.Ctx(ctx))
+	ctx = registry.LogContext(r.conn.Ctx(ctx))
 	if _, ok := leases.FromContext(ctx); !ok {
 		// A lease of our own, so a failed pull can hand what it fetched to
 		// the next attempt (keepPartial).
 		var p Pulled
-		err := r.WithLease(ctx, func(ctx context.Context) error {
+		err := r.conn.WithLease(ctx, func(ctx context.Context) error {
 			var err error
 			p, err = r.Pull(ctx, ref, opts)
 			return err
@@ -71,7 +71,7 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 		}
 		matcher = platforms.Only(p)
 	}
-	if rec, err := r.Client.ImageService().Get(ctx, ref); err == nil {
+	if rec, err := r.conn.Client.ImageService().Get(ctx, ref); err == nil {
 		if conn.Tampered(rec) {
 			// Its name says one image and it holds another: neither used
 			// nor overwritten (it may be evidence); gc removes it.
@@ -80,10 +80,10 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 		if err := checkMediaType(ref, opts.MediaType, rec.Target.MediaType); err != nil {
 			return Pulled{}, err
 		}
-		img := client.NewImageWithPlatform(r.Client, rec, matcher)
-		unpacked, err := img.IsUnpacked(ctx, r.Snapshotter)
+		img := client.NewImageWithPlatform(r.conn.Client, rec, matcher)
+		unpacked, err := img.IsUnpacked(ctx, r.conn.Snapshotter)
 		if err == nil && !unpacked {
-			err = img.Unpack(ctx, r.Snapshotter)
+			err = img.Unpack(ctx, r.conn.Snapshotter)
 		}
 		if err == nil {
 			return Pulled{Name: rec.Name, Digest: rec.Target.Digest.String(), Size: rec.Target.Size}, nil
@@ -98,10 +98,10 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 	for k, v := range opts.Labels {
 		labels[k] = v
 	}
-	tracker := newTracker(r.Client.ContentStore(), ref, opts.Progress)
+	tracker := newTracker(r.conn.Client.ContentStore(), ref, opts.Progress)
 	stop := tracker.start(ctx)
 	staging := ref + stagingSuffix + rand.Text()
-	is := r.Client.ImageService()
+	is := r.conn.Client.ImageService()
 	// Whatever happens from here, the staging record goes: containerd may
 	// have made it even when its Pull fails (an unpack after the record).
 	defer conn.Cleanup(ctx, func(ctx context.Context) error { return is.Delete(ctx, staging) })
@@ -114,12 +114,12 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 	pullOpts := append([]client.RemoteOpt{
 		client.WithResolver(sr),
 		client.WithPlatformMatcher(matcher),
-		client.WithPullSnapshotter(r.Snapshotter),
+		client.WithPullSnapshotter(r.conn.Snapshotter),
 		client.WithPullLabels(labels),
 		client.WithImageHandler(images.HandlerFunc(tracker.observe)),
 		client.WithMaxConcurrentDownloads(4),
 	}, r.unpackOpts(strategy, r.newUnpacker(strategy, sr, staging, ref, tracker, r.storeLayers(ctx, strategy, ref)))...)
-	img, err := r.Client.Pull(ctx, staging, pullOpts...)
+	img, err := r.conn.Client.Pull(ctx, staging, pullOpts...)
 	stop(err == nil)
 	if err != nil && sr.refused != nil {
 		// Not what the caller was told it is: said plainly, without
@@ -127,7 +127,7 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 		return Pulled{}, sr.refused
 	}
 	if err != nil {
-		err = r.Registry.Explain(fmt.Errorf("pull %s: %w", ref, err), refHost(ref))
+		err = r.conn.Registry.Explain(fmt.Errorf("pull %s: %w", ref, err), refHost(ref))
 		if worthKeeping(err) && !opts.prefetch {
 			if kerr := r.keepPartial(context.WithoutCancel(ctx), ref); kerr != nil {
 				err = fmt.Errorf("%w (and what it fetched is not kept for the next attempt: %v)", err, kerr)
@@ -138,8 +138,8 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 	// containerd skips unpacking a layer whose snapshot exists, without
 	// taking a reference to it; a collection running meanwhile may have
 	// removed it. Check, and unpack again under this pull's lease if so.
-	if ok, err := img.IsUnpacked(ctx, r.Snapshotter); err == nil && !ok {
-		if err := img.Unpack(ctx, r.Snapshotter); err != nil {
+	if ok, err := img.IsUnpacked(ctx, r.conn.Snapshotter); err == nil && !ok {
+		if err := img.Unpack(ctx, r.conn.Snapshotter); err != nil {
 			if errdefs.IsNotFound(err) {
 				err = fmt.Errorf("%w (a snapshot went during the pull, and the layers it extracted were not stored: the next attempt pulls again)", err)
 			}
@@ -162,7 +162,7 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 	}
 	// The record holds everything now; an earlier failure's keep is done.
 	// Best effort: the lease expires by itself.
-	r.Client.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: partialLeaseID(ref)})
+	r.conn.Client.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: partialLeaseID(ref)})
 	return Pulled{Name: ref, Digest: t.Digest.String(), Size: t.Size, Created: created}, nil
 }
 

@@ -17,7 +17,7 @@ import (
 
 // Puller pulls into one containerd namespace.
 type Puller struct {
-	*conn.Conn
+	conn *conn.Conn
 	// keepLayers stores every layer blob a pull downloads, even one
 	// extracted here (direct.go).
 	keepLayers bool
@@ -32,7 +32,7 @@ type Puller struct {
 // daemon a write, a hash and an fsync of every byte, and the node the
 // disk (direct.go).
 func New(c *conn.Conn, keepLayers bool) *Puller {
-	return &Puller{Conn: c, keepLayers: keepLayers, flush: newFlusher()}
+	return &Puller{conn: c, keepLayers: keepLayers, flush: newFlusher()}
 }
 
 // Close lets go of the snapshots' directory the flusher holds open.

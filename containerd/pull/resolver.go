@@ -10,5 +10,5 @@ import (
 // policy: the same mirrors, TLS, plain-HTTP rule, credentials and bounds
 // as manifest resolution.
 func (r *Puller) resolver(ctx context.Context) remotes.Resolver {
-	return r.Registry.Resolver(ctx)
+	return r.conn.Registry.Resolver(ctx)
 }

@@ -123,7 +123,7 @@ func (r *Puller) strategy(ctx context.Context) (unpackStrategy, error) {
 	default:
 		return unpackStrategy{}, fmt.Errorf("%s=%q: want serial, daemon or containerd (or unset)", EnvUnpack, mode)
 	}
-	caps, err := r.Client.GetSnapshotterCapabilities(ctx, r.Snapshotter)
+	caps, err := r.conn.Client.GetSnapshotterCapabilities(ctx, r.conn.Snapshotter)
 	if err != nil {
 		// Unknown capabilities: nothing is assumed of the snapshotter.
 		caps = nil
@@ -131,18 +131,18 @@ func (r *Puller) strategy(ctx context.Context) (unpackStrategy, error) {
 	// Overlay's rebase only: a layer extracted without its parent is
 	// committed onto it, and its whiteouts and missing parent directories
 	// are made as overlayfs reads them (erofs says rebase too).
-	rebase := r.Snapshotter == "overlayfs" && slices.Contains(caps, snapshots.RebaseCap)
+	rebase := r.conn.Snapshotter == "overlayfs" && slices.Contains(caps, snapshots.RebaseCap)
 	s := unpackStrategy{
 		containerd: mode == "containerd",
 		parallel:   rebase && (mode == "" || mode == "daemon"),
 		// Extraction here writes files as their owners and, on overlayfs,
 		// makes whiteout devices: it needs root outside a user namespace.
-		local: mode != "daemon" && r.Snapshotter == "overlayfs" && os.Geteuid() == 0 && !userns.RunningInUserNS(),
+		local: mode != "daemon" && r.conn.Snapshotter == "overlayfs" && os.Geteuid() == 0 && !userns.RunningInUserNS(),
 	}
 	// Without rebase (containerd below 2.2) a layer extracted ahead is
 	// moved into place by this process: it needs what local extraction
 	// needs, the host's view of the snapshots included.
-	if !rebase && r.Snapshotter == "overlayfs" && s.local && mode == "" {
+	if !rebase && r.conn.Snapshotter == "overlayfs" && s.local && mode == "" {
 		s.parallel, s.rehome = true, true
 	}
 	return s, nil
@@ -270,7 +270,7 @@ type layer struct {
 }
 
 func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs []ocispec.Descriptor) (retErr error) {
-	cs := u.r.Client.ContentStore()
+	cs := u.r.conn.Client.ContentStore()
 	raw, err := content.ReadBlob(ctx, cs, config)
 	if err != nil {
 		return fmt.Errorf("read config: %w", err)
@@ -322,7 +322,7 @@ func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs 
 		defer stop()
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	sn := u.r.Client.SnapshotService(u.r.Snapshotter)
+	sn := u.r.conn.Client.SnapshotService(u.r.conn.Snapshotter)
 	var wg sync.WaitGroup
 	defer func() {
 		// On failure nothing half-made stays: extraction snapshots go
@@ -543,8 +543,8 @@ func (u *unpacker) prepare(ctx context.Context, sn snapshots.Snapshotter, l *lay
 			// the pull's lease holds it instead.
 			l.exists = true
 			if id, ok := leases.FromContext(ctx); ok {
-				u.r.Client.LeasesService().AddResource(ctx, leases.Lease{ID: id},
-					leases.Resource{ID: l.chainID.String(), Type: "snapshots/" + u.r.Snapshotter})
+				u.r.conn.Client.LeasesService().AddResource(ctx, leases.Lease{ID: id},
+					leases.Resource{ID: l.chainID.String(), Type: "snapshots/" + u.r.conn.Snapshotter})
 			}
 			return nil
 		}
@@ -679,7 +679,7 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool, re
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		parents, err := u.parentLayers(ctx, u.r.Client.SnapshotService(u.r.Snapshotter), l.parent)
+		parents, err := u.parentLayers(ctx, u.r.conn.Client.SnapshotService(u.r.conn.Snapshotter), l.parent)
 		if err != nil {
 			return fmt.Errorf("apply layer %d (%s): %w", l.i, l.desc.Digest, err)
 		}
@@ -695,12 +695,12 @@ func (u *unpacker) daemonApply(ctx context.Context, l *layer, mounts []mount.Mou
 		// The whole blob had come, been verified and gone before this
 		// extraction gave up: fetched again, for the daemon.
 		u.tracker.restart(l.desc.Digest.String())
-		if err := u.fetch(ctx, u.r.Client.ContentStore(), l.fetcher, l.desc, nil); err != nil {
+		if err := u.fetch(ctx, u.r.conn.Client.ContentStore(), l.fetcher, l.desc, nil); err != nil {
 			return fmt.Errorf("extract layer %d (%s): %w", l.i, l.desc.Digest, err)
 		}
 		l.discarded = false
 	}
-	d, err := u.r.Client.DiffService().Apply(ctx, l.desc, mounts)
+	d, err := u.r.conn.Client.DiffService().Apply(ctx, l.desc, mounts)
 	if err != nil {
 		return fmt.Errorf("apply layer %d (%s %s): %w", l.i, l.desc.MediaType, l.desc.Digest, err)
 	}
@@ -711,7 +711,7 @@ func (u *unpacker) daemonApply(ctx context.Context, l *layer, mounts []mount.Mou
 // snapshot was there already, if the store has it: nothing fetches it. A
 // label that could not be added costs a mirror one blob, not the pull.
 func (u *unpacker) labelStored(ctx context.Context, l *layer) {
-	cs := u.r.Client.ContentStore()
+	cs := u.r.conn.Client.ContentStore()
 	if _, err := cs.Info(ctx, l.desc.Digest); err != nil {
 		return // not stored: nothing for a mirror to serve
 	}
@@ -760,7 +760,7 @@ func (u *unpacker) commit(ctx context.Context, sn snapshots.Snapshotter, l *laye
 		return nil // no blob to label
 	}
 	info := content.Info{Digest: l.desc.Digest, Labels: map[string]string{labels.LabelUncompressed: l.diffID.String()}}
-	if _, err := u.r.Client.ContentStore().Update(ctx, info, "labels."+labels.LabelUncompressed); err != nil {
+	if _, err := u.r.conn.Client.ContentStore().Update(ctx, info, "labels."+labels.LabelUncompressed); err != nil {
 		return fmt.Errorf("label layer %s: %w", l.desc.Digest, err)
 	}
 	return nil
@@ -769,9 +769,9 @@ func (u *unpacker) commit(ctx context.Context, sn snapshots.Snapshotter, l *laye
 // finish points the config at the top snapshot, which keeps the chain
 // from the collector while the image is.
 func (u *unpacker) finish(ctx context.Context, config ocispec.Descriptor, layers []*layer) error {
-	key := "containerd.io/gc.ref.snapshot." + u.r.Snapshotter
+	key := "containerd.io/gc.ref.snapshot." + u.r.conn.Snapshotter
 	info := content.Info{Digest: config.Digest, Labels: map[string]string{key: layers[len(layers)-1].chainID.String()}}
-	if _, err := u.r.Client.ContentStore().Update(ctx, info, "labels."+key); err != nil {
+	if _, err := u.r.conn.Client.ContentStore().Update(ctx, info, "labels."+key); err != nil {
 		return fmt.Errorf("label config %s: %w", config.Digest, err)
 	}
 	return nil

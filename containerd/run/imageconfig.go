@@ -11,8 +11,8 @@ import (
 
 // ImageConfig returns the config of an image record for the platform.
 func (r *Runner) ImageConfig(ctx context.Context, name, platform string) (ocispec.ImageConfig, error) {
-	ctx = r.Ctx(ctx)
-	rec, err := r.Client.ImageService().Get(ctx, name)
+	ctx = r.conn.Ctx(ctx)
+	rec, err := r.conn.Client.ImageService().Get(ctx, name)
 	if err != nil {
 		return ocispec.ImageConfig{}, fmt.Errorf("image %s: %w", name, err)
 	}
@@ -22,7 +22,7 @@ func (r *Runner) ImageConfig(ctx context.Context, name, platform string) (ocispe
 			matcher = platforms.Only(p)
 		}
 	}
-	spec, err := client.NewImageWithPlatform(r.Client, rec, matcher).Spec(ctx)
+	spec, err := client.NewImageWithPlatform(r.conn.Client, rec, matcher).Spec(ctx)
 	if err != nil {
 		return ocispec.ImageConfig{}, fmt.Errorf("config of %s: %w", name, err)
 	}

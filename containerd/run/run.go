@@ -101,7 +101,7 @@ var ErrTimeout = errors.New("timed out")
 // timeout, and removes it with its task and snapshot whatever happens:
 // a probe leaves nothing behind.
 func (r *Runner) Run(ctx context.Context, spec RunSpec) (res RunResult, err error) {
-	ctx = r.Ctx(ctx)
+	ctx = r.conn.Ctx(ctx)
 	seccompMode, err := spec.check()
 	if err != nil {
 		return res, err
@@ -153,7 +153,7 @@ func (spec RunSpec) containerID() string {
 // looked it up, a name that says one digest and a target that is another
 // is not the image that was proved.
 func (r *Runner) runnable(ctx context.Context, name string) (client.Image, error) {
-	img, err := r.Client.GetImage(ctx, name)
+	img, err := r.conn.Client.GetImage(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", name, err)
 	}
@@ -172,9 +172,9 @@ func (r *Runner) newContainer(ctx context.Context, img client.Image, id string, 
 	if err != nil {
 		return nil, err
 	}
-	cont, err := r.Client.NewContainer(ctx, id,
+	cont, err := r.conn.Client.NewContainer(ctx, id,
 		client.WithImage(img),
-		client.WithSnapshotter(r.Snapshotter),
+		client.WithSnapshotter(r.conn.Snapshotter),
 		client.WithNewSnapshot(id, img, snapshots.WithLabels(map[string]string{conn.LabelManaged: "true", conn.LabelOwner: conn.Owner()})),
 		client.WithRuntime("io.containerd.runc.v2", runcOpts),
 		client.WithNewSpec(specOpts...),
@@ -183,7 +183,7 @@ func (r *Runner) newContainer(ctx context.Context, img client.Image, id string, 
 	if err != nil {
 		// The snapshot is made before the spec; a spec that fails (a CDI
 		// device unknown) must not leave it.
-		r.Client.SnapshotService(r.Snapshotter).Remove(context.WithoutCancel(ctx), id)
+		r.conn.Client.SnapshotService(r.conn.Snapshotter).Remove(context.WithoutCancel(ctx), id)
 		return nil, fmt.Errorf("create container %s: %w", id, err)
 	}
 	return cont, nil

@@ -11,7 +11,7 @@ import "github.com/gpupin/gpupin/containerd/conn"
 
 // Runner runs containers in one containerd namespace.
 type Runner struct {
-	*conn.Conn
+	conn     *conn.Conn
 	runcRoot string
 	fifoDir  string
 	cdiDirs  []string
@@ -21,5 +21,5 @@ type Runner struct {
 // runc's own), the containers' stdio FIFOs are made in fifoDir, and CDI
 // specs are read from cdiDirs.
 func New(c *conn.Conn, runcRoot, fifoDir string, cdiDirs []string) *Runner {
-	return &Runner{Conn: c, runcRoot: runcRoot, fifoDir: fifoDir, cdiDirs: cdiDirs}
+	return &Runner{conn: c, runcRoot: runcRoot, fifoDir: fifoDir, cdiDirs: cdiDirs}
 }

@@ -15,10 +15,10 @@ import (
 // store's Sweep, which hands it here as the part that runs containers. It
 // says how many it removed.
 func (r *Runner) SweepProbes(ctx context.Context) (int, error) {
-	ctx = r.Ctx(ctx)
+	ctx = r.conn.Ctx(ctx)
 	n := 0
 	// Probes only: a replica (gpupin run) is not gpupin's to stop.
-	conts, err := r.Client.Containers(ctx, fmt.Sprintf(`labels.%q==probe`, conn.LabelRole))
+	conts, err := r.conn.Client.Containers(ctx, fmt.Sprintf(`labels.%q==probe`, conn.LabelRole))
 	if err != nil {
 		return n, fmt.Errorf("list containers: %w", err)
 	}
