@@ -70,20 +70,8 @@ func StartKubelet(t testing.TB, opts KubeletOptions) *Kubelet {
 			t.Fatal(err)
 		}
 	}
-	var ports [3]int
-	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	k.ReadOnly = "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	k.healthz = "http://127.0.0.1:" + strconv.Itoa(ports[2]) + "/healthz"
-	cfg := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfg, []byte(k.config(opts.Endpoint, ports)), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	args := []string{
-		"--config=" + cfg,
+		"--config=" + filepath.Join(dir, "config.yaml"),
 		"--root-dir=" + filepath.Join(dir, "root"),
 		"--cert-dir=" + filepath.Join(dir, "pki"),
 		"--hostname-override=" + opts.NodeName,
@@ -100,13 +88,39 @@ func StartKubelet(t testing.TB, opts KubeletOptions) *Kubelet {
 		sort.Strings(kv)
 		args = append(args, "--node-labels="+strings.Join(kv, ","))
 	}
-	if k.proc, err = startCmd(bin, filepath.Join(dir, "kubelet.log"), args...); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.waitHealthy(60 * time.Second); err != nil {
-		t.Fatalf("kubelet: %v\n%s", err, k.LogTail())
+	// A port free when chosen can be taken by another test's process
+	// before kubelet binds it; kubelet then exits, and a fresh set is tried.
+	for attempt := 1; ; attempt++ {
+		err := k.start(bin, opts.Endpoint, args)
+		if err == nil {
+			break
+		}
+		logs := k.LogTail()
+		if attempt == 4 || !strings.Contains(logs, "address already in use") {
+			t.Fatalf("kubelet: %v\n%s", err, logs)
+		}
+		stopCmd(k.proc)
+		k.proc = nil
 	}
 	return k
+}
+
+// start runs kubelet on fresh ports and waits until it serves.
+func (k *Kubelet) start(bin, endpoint string, args []string) error {
+	p, err := freePorts(3)
+	if err != nil {
+		return err
+	}
+	ports := [3]int(p)
+	k.ReadOnly = "http://127.0.0.1:" + strconv.Itoa(ports[1])
+	k.healthz = "http://127.0.0.1:" + strconv.Itoa(ports[2]) + "/healthz"
+	if err := os.WriteFile(filepath.Join(k.Dir, "config.yaml"), []byte(k.config(endpoint, ports)), 0o644); err != nil {
+		return err
+	}
+	if k.proc, err = startCmd(bin, filepath.Join(k.Dir, "kubelet.log"), args...); err != nil {
+		return err
+	}
+	return k.waitHealthy(60 * time.Second)
 }
 
 // config is the KubeletConfiguration: what a kubelet needs on these

@@ -213,16 +213,12 @@ func (c *Cluster) Stop() {
 }
 
 func (c *Cluster) startEtcd() error {
-	client, err := freePort()
+	ports, err := freePorts(2)
 	if err != nil {
 		return err
 	}
-	peer, err := freePort()
-	if err != nil {
-		return err
-	}
-	cu := "http://127.0.0.1:" + strconv.Itoa(client)
-	pu := "http://127.0.0.1:" + strconv.Itoa(peer)
+	cu := "http://127.0.0.1:" + strconv.Itoa(ports[0])
+	pu := "http://127.0.0.1:" + strconv.Itoa(ports[1])
 	cmd, err := startCmd(filepath.Join(Tools(), "etcd"), filepath.Join(c.Dir, "etcd.log"),
 		"--data-dir="+filepath.Join(c.Dir, "etcd"), "--name=test",
 		"--listen-client-urls="+cu, "--advertise-client-urls="+cu,
@@ -312,12 +308,28 @@ func stopCmd(p *proc) {
 }
 
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := freePorts(1)
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports[0], nil
+}
+
+// freePorts is n distinct loopback ports free a moment ago. Each listener
+// stays open until all n are chosen: closed one by one, the kernel may hand
+// the same port out twice (a kubelet was once given one port for two
+// listeners and exited at start).
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, n)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	return ports, nil
 }
 
 func tail(path string) string {
