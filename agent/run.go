@@ -116,24 +116,7 @@ func Run(ctx context.Context, cfg RunConfig) error {
 	a = New(loop, rt, cfg.Options)
 	a.metrics = metrics
 	defer rt.OnForeign(nil)
-	if cri, err := rt.CRIPinning(ctx); err == nil {
-		// Under Kubernetes this decides who keeps a pin from kubelet's
-		// image GC: the CRI plugin, or gpupin's restore.
-		level := slog.LevelInfo
-		if !cri.Kept {
-			level = slog.LevelWarn
-		}
-		log.Log(ctx, level, "containerd "+cri.Version+": "+cri.Note, "namespace", rt.Namespace(), "cri_keeps_pins", cri.Kept,
-			"cri_pinning", cri.How, "cri_image", cri.Image)
-	}
-	if ln, err := rt.LocalNames(ctx); err != nil {
-		log.Warn("hosts configuration not read", "err", err)
-	} else if ln.Warning != "" {
-		log.Warn("node-local names: " + ln.Warning)
-	}
-	if ls, err := rt.LayerStorage(ctx); err == nil {
-		log.Info("layer blobs: "+ls.Summary, "namespace", rt.Namespace(), "hosts_dir", ls.HostsDir)
-	}
+	logContainerd(ctx, log, rt)
 	if err := a.Reload(); err != nil {
 		// At start there is no last good reading to keep.
 		return &InputError{Err: err}
@@ -144,35 +127,10 @@ func Run(ctx context.Context, cfg RunConfig) error {
 		}
 	}
 
-	// Every listener first: a half-served agent (an API whose metrics
-	// address is taken) would outlive the error Run returns.
-	var servers []*http.Server
 	var handlers inFlight
-	var lns []net.Listener
-	closeAll := func() {
-		for _, ln := range lns {
-			ln.Close() // a unix socket's file goes with it
-		}
-	}
-	if cfg.Socket != "" {
-		ln, err := ListenUnix(cfg.Socket)
-		if err != nil {
-			return err
-		}
-		lns = append(lns, ln)
-		servers = append(servers, &http.Server{Handler: handlers.wrap(a.Handler()), ReadHeaderTimeout: 10 * time.Second})
-	}
-	if cfg.MetricsAddress != "" {
-		mln, err := net.Listen("tcp", cfg.MetricsAddress)
-		if err != nil {
-			closeAll()
-			return fmt.Errorf("metrics address: %w", err)
-		}
-		lns = append(lns, mln)
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", metrics.Handler())
-		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
-		log.Info("serving metrics", "address", mln.Addr().String())
+	lns, servers, err := listen(cfg, a, metrics, &handlers)
+	if err != nil {
+		return err
 	}
 
 	bctx, stop := context.WithCancel(ctx)
@@ -195,6 +153,72 @@ func Run(ctx context.Context, cfg RunConfig) error {
 	}
 	loop.Run(ctx)
 	stop()
+	shutdown(ctx, servers, &handlers)
+	bg.Wait()
+	log.Info("agent stopped")
+	return nil
+}
+
+// logContainerd says what the agent found of containerd at start: who keeps
+// pins from kubelet's image GC, the node-local names, where layer blobs go.
+func logContainerd(ctx context.Context, log *slog.Logger, rt *containerd.Runtime) {
+	if cri, err := rt.CRIPinning(ctx); err == nil {
+		// Under Kubernetes this decides who keeps a pin from kubelet's
+		// image GC: the CRI plugin, or gpupin's restore.
+		level := slog.LevelInfo
+		if !cri.Kept {
+			level = slog.LevelWarn
+		}
+		log.Log(ctx, level, "containerd "+cri.Version+": "+cri.Note, "namespace", rt.Namespace(), "cri_keeps_pins", cri.Kept,
+			"cri_pinning", cri.How, "cri_image", cri.Image)
+	}
+	if ln, err := rt.LocalNames(ctx); err != nil {
+		log.Warn("hosts configuration not read", "err", err)
+	} else if ln.Warning != "" {
+		log.Warn("node-local names: " + ln.Warning)
+	}
+	if ls, err := rt.LayerStorage(ctx); err == nil {
+		log.Info("layer blobs: "+ls.Summary, "namespace", rt.Namespace(), "hosts_dir", ls.HostsDir)
+	}
+}
+
+// listen opens every listener before anything serves: a half-served agent
+// (an API whose metrics address is taken) would outlive the error Run
+// returns. lns[i] is servers[i]'s.
+func listen(cfg RunConfig, a *Agent, metrics *Metrics, handlers *inFlight) ([]net.Listener, []*http.Server, error) {
+	var (
+		lns     []net.Listener
+		servers []*http.Server
+	)
+	if cfg.Socket != "" {
+		ln, err := ListenUnix(cfg.Socket)
+		if err != nil {
+			return nil, nil, err
+		}
+		lns = append(lns, ln)
+		servers = append(servers, &http.Server{Handler: handlers.wrap(a.Handler()), ReadHeaderTimeout: 10 * time.Second})
+	}
+	if cfg.MetricsAddress != "" {
+		mln, err := net.Listen("tcp", cfg.MetricsAddress)
+		if err != nil {
+			for _, ln := range lns {
+				ln.Close() // a unix socket's file goes with it
+			}
+			return nil, nil, fmt.Errorf("metrics address: %w", err)
+		}
+		lns = append(lns, mln)
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", metrics.Handler())
+		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+		cfg.Logger.Info("serving metrics", "address", mln.Addr().String())
+	}
+	return lns, servers, nil
+}
+
+// shutdown stops the servers, giving requests 5 s, and waits for a request
+// still at work (a pins read waiting on a pin lock): the caller closes the
+// runtime it uses once Run returns.
+func shutdown(ctx context.Context, servers []*http.Server, handlers *inFlight) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	for _, s := range servers {
@@ -202,12 +226,7 @@ func Run(ctx context.Context, cfg RunConfig) error {
 			s.Close()
 		}
 	}
-	// A request still at work (a pins read waiting on a pin lock) ends
-	// before Run does: the caller closes the runtime it uses next.
 	handlers.close()
-	bg.Wait()
-	log.Info("agent stopped")
-	return nil
 }
 
 // inFlight lets requests run until it is closed, and close waits for

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 
@@ -228,62 +229,23 @@ func makePlan(ctx context.Context, opts PublishOptions) (*plan, error) {
 }
 
 func makePlanSpooled(ctx context.Context, opts PublishOptions, sp *spool) (*plan, error) {
-	ref, err := parseRef(opts.Tag)
+	tag, err := checkOptions(opts)
 	if err != nil {
-		return nil, fmt.Errorf("tag: %w", err)
+		return nil, err
 	}
-	tag, ok := ref.(name.Tag)
-	last := opts.Tag[strings.LastIndex(opts.Tag, "/")+1:]
-	if !ok || !strings.Contains(last, ":") || strings.Contains(opts.Tag, "@") {
-		return nil, fmt.Errorf("tag %q: want REPO:VERSION, e.g. registry.example.com/org/vllm:0.11.0", opts.Tag)
-	}
-	p := &plan{tag: tag, version: tag.TagStr(), spool: sp}
-	if len(opts.Variants) == 0 {
-		return nil, fmt.Errorf("no variants: give at least one (a name and an image reference)")
-	}
-	for k := range opts.Annotations {
-		if strings.HasPrefix(k, "io.gpupin.") {
-			return nil, fmt.Errorf("annotation %s: io.gpupin.* annotations are filled by publish from the images; set them through labels or options", k)
-		}
-		if k == "" {
-			return nil, fmt.Errorf("annotation: empty key")
-		}
-	}
-	seen := map[string]bool{}
-	for i, v := range opts.Variants {
-		if !images.ValidVariantName(v.Name) {
-			return nil, fmt.Errorf("variant %d: %q is not a variant name (lower-case letters, digits, '.', '_' or '-', e.g. cu129)", i, v.Name)
-		}
-		if seen[v.Name] {
-			return nil, fmt.Errorf("variant %s is given twice", v.Name)
-		}
-		seen[v.Name] = true
-		if v.Ref == "" && len(v.Images) == 0 {
-			return nil, fmt.Errorf("variant %s: no image reference", v.Name)
-		}
-		if alias_(p.version, v.Name) == "" {
-			return nil, fmt.Errorf("variant %s: alias tag %s-%s is not a valid tag", v.Name, p.version, v.Name)
-		}
-	}
-
-	ropts := remoteOptions(ctx, opts)
-	p.ropts = ropts
+	p := &plan{tag: tag, version: tag.TagStr(), spool: sp, ropts: remoteOptions(ctx, opts)}
 	var all []*variantImages
 	for _, v := range opts.Variants {
-		vi, err := readVariant(ctx, v, ropts)
+		vi, err := readVariant(ctx, v, p.ropts)
 		if err != nil {
 			return nil, err
 		}
 		all = append(all, vi)
 	}
-	p.engine, err = pickEngine(opts.Engine, tag, all)
-	if err != nil {
+	if p.engine, err = pickEngine(opts.Engine, tag, all); err != nil {
 		return nil, err
 	}
 	if err := checkPlatforms(all, opts.AllowPartialPlatforms, &p.warnings); err != nil {
-		return nil, err
-	}
-	if _, err := ParseCompression(string(opts.Compression)); err != nil {
 		return nil, err
 	}
 	for _, vi := range all {
@@ -294,6 +256,60 @@ func makePlanSpooled(ctx context.Context, opts PublishOptions, sp *spool) (*plan
 			}
 		}
 	}
+	if err := p.assemble(all, opts.Annotations); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// checkOptions judges what publish was given before it reads any registry:
+// a mistake in the options should not cost a pull of every variant.
+func checkOptions(opts PublishOptions) (name.Tag, error) {
+	ref, err := parseRef(opts.Tag)
+	if err != nil {
+		return name.Tag{}, fmt.Errorf("tag: %w", err)
+	}
+	tag, ok := ref.(name.Tag)
+	last := opts.Tag[strings.LastIndex(opts.Tag, "/")+1:]
+	if !ok || !strings.Contains(last, ":") || strings.Contains(opts.Tag, "@") {
+		return name.Tag{}, fmt.Errorf("tag %q: want REPO:VERSION, e.g. registry.example.com/org/vllm:0.11.0", opts.Tag)
+	}
+	if len(opts.Variants) == 0 {
+		return name.Tag{}, fmt.Errorf("no variants: give at least one (a name and an image reference)")
+	}
+	for k := range opts.Annotations {
+		if strings.HasPrefix(k, "io.gpupin.") {
+			return name.Tag{}, fmt.Errorf("annotation %s: io.gpupin.* annotations are filled by publish from the images; set them through labels or options", k)
+		}
+		if k == "" {
+			return name.Tag{}, fmt.Errorf("annotation: empty key")
+		}
+	}
+	seen := map[string]bool{}
+	for i, v := range opts.Variants {
+		if !images.ValidVariantName(v.Name) {
+			return name.Tag{}, fmt.Errorf("variant %d: %q is not a variant name (lower-case letters, digits, '.', '_' or '-', e.g. cu129)", i, v.Name)
+		}
+		if seen[v.Name] {
+			return name.Tag{}, fmt.Errorf("variant %s is given twice", v.Name)
+		}
+		seen[v.Name] = true
+		if v.Ref == "" && len(v.Images) == 0 {
+			return name.Tag{}, fmt.Errorf("variant %s: no image reference", v.Name)
+		}
+		if alias_(tag.TagStr(), v.Name) == "" {
+			return name.Tag{}, fmt.Errorf("variant %s: alias tag %s-%s is not a valid tag", v.Name, tag.TagStr(), v.Name)
+		}
+	}
+	if _, err := ParseCompression(string(opts.Compression)); err != nil {
+		return name.Tag{}, err
+	}
+	return tag, nil
+}
+
+// assemble builds the index, its aliases and the entries from the variants
+// read; all is sorted in place.
+func (p *plan) assemble(all []*variantImages, extra map[string]string) error {
 	order := platformOrder(all)
 	// Lowest CUDA first: the first entry for a platform is what a plain
 	// `docker pull` gets, and it should run on the oldest driver. Ties keep
@@ -305,61 +321,64 @@ func makePlanSpooled(ctx context.Context, opts PublishOptions, sp *spool) (*plan
 		images.AnnotationEngineVersion: p.version,
 		AnnotationOCIVersion:           p.version,
 	}
-	for k, v := range opts.Annotations {
-		idxAnn[k] = v
-	}
+	maps.Copy(idxAnn, extra)
 	var adds []mutate.IndexAddendum
 	for _, vi := range all {
 		sort.SliceStable(vi.images, func(i, j int) bool { return order[vi.images[i].platform] < order[vi.images[j].platform] })
 		var vadds []mutate.IndexAddendum
 		for _, si := range vi.images {
-			md := si.meta
-			md.Engine, md.EngineVersion = p.engine, p.version
-			if err := md.Validate(); err != nil {
-				return nil, fmt.Errorf("variant %s (%s): %w", vi.name, si.platform, err)
-			}
-			ann := md.Annotations()
-			ann[AnnotationOCIVersion] = p.version
-			for k, v := range opts.Annotations {
-				ann[k] = v
-			}
-			img := si.img
-			if vi.inMemory {
-				// Our own manifest: annotate it too, so the child carries
-				// its metadata when pulled by digest.
-				img = mutate.Annotations(img, ann).(v1.Image)
-			}
-			d, err := partial.Descriptor(img)
+			add, err := p.addChild(vi, si, extra)
 			if err != nil {
-				return nil, fmt.Errorf("variant %s (%s): %w", vi.name, si.platform, err)
+				return fmt.Errorf("variant %s (%s): %w", vi.name, si.platform, err)
 			}
-			d.Platform = si.plat
-			d.Annotations = ann
-			add := mutate.IndexAddendum{Add: img, Descriptor: *d}
 			vadds = append(vadds, add)
-			p.children = append(p.children, img)
-			p.entries = append(p.entries, Entry{Variant: vi.name, Platform: si.platform, Digest: d.Digest.String(),
-				Size: d.Size, MediaType: string(d.MediaType), Source: si.source, Annotations: ann})
 		}
 		adds = append(adds, vadds...)
-		aliasAnn := map[string]string{}
-		for k, v := range idxAnn {
-			aliasAnn[k] = v
-		}
+		aliasAnn := maps.Clone(idxAnn)
 		aliasAnn[images.AnnotationVariant] = vi.name
-		at := tag.Context().Tag(alias_(p.version, vi.name))
+		at := p.tag.Context().Tag(alias_(p.version, vi.name))
 		// An alias is an index too, even for one platform: only an index
 		// entry can carry annotations without changing the child's digest.
 		aidx, err := newIndex(vadds, aliasAnn)
 		if err != nil {
-			return nil, fmt.Errorf("alias %s: %w", at, err)
+			return fmt.Errorf("alias %s: %w", at, err)
 		}
 		p.aliases = append(p.aliases, alias{tag: at, variant: vi.name, index: aidx})
 	}
+	var err error
 	if p.index, err = newIndex(adds, idxAnn); err != nil {
-		return nil, fmt.Errorf("index: %w", err)
+		return fmt.Errorf("index: %w", err)
 	}
-	return p, nil
+	return nil
+}
+
+// addChild records one variant's image for one platform as a child of the
+// index, annotated with its metadata.
+func (p *plan) addChild(vi *variantImages, si *sourceImage, extra map[string]string) (mutate.IndexAddendum, error) {
+	md := si.meta
+	md.Engine, md.EngineVersion = p.engine, p.version
+	if err := md.Validate(); err != nil {
+		return mutate.IndexAddendum{}, err
+	}
+	ann := md.Annotations()
+	ann[AnnotationOCIVersion] = p.version
+	maps.Copy(ann, extra)
+	img := si.img
+	if vi.inMemory {
+		// Our own manifest: annotate it too, so the child carries its
+		// metadata when pulled by digest.
+		img = mutate.Annotations(img, ann).(v1.Image)
+	}
+	d, err := partial.Descriptor(img)
+	if err != nil {
+		return mutate.IndexAddendum{}, err
+	}
+	d.Platform = si.plat
+	d.Annotations = ann
+	p.children = append(p.children, img)
+	p.entries = append(p.entries, Entry{Variant: vi.name, Platform: si.platform, Digest: d.Digest.String(),
+		Size: d.Size, MediaType: string(d.MediaType), Source: si.source, Annotations: ann})
+	return mutate.IndexAddendum{Add: img, Descriptor: *d}, nil
 }
 
 // alias_ returns the alias tag string VERSION-VARIANT, or "" when that is

@@ -543,6 +543,9 @@ func TestPublishOptionErrors(t *testing.T) {
 		{"twice", PublishOptions{Tag: "127.0.0.1:1/org/vllm:1", Variants: []Variant{{Name: "cu13", Ref: "x"}, {Name: "cu13", Ref: "y"}}}, "given twice"},
 		{"gpupin annotation", PublishOptions{Tag: "127.0.0.1:1/org/vllm:1", Variants: []Variant{{Name: "cu13", Ref: "x"}},
 			Annotations: map[string]string{images.AnnotationCUDA: "13.0"}}, "filled by publish"},
+		// Judged before any registry is read: 127.0.0.1:1 would refuse the connection.
+		{"bad compression", PublishOptions{Tag: "127.0.0.1:1/org/vllm:1", Variants: []Variant{{Name: "cu13", Ref: "127.0.0.1:1/org/vllm-build:cu13"}},
+			Compression: "lz4"}, "want gzip or zstd"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/gpupin/gpupin/registry"
 
@@ -71,33 +73,12 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 		}
 		matcher = platforms.Only(p)
 	}
-	if rec, err := r.conn.Client.ImageService().Get(ctx, ref); err == nil {
-		if conn.Tampered(rec) {
-			// Its name says one image and it holds another: neither used
-			// nor overwritten (it may be evidence); gc removes it.
-			return Pulled{}, fmt.Errorf("pull: %w", conn.TamperedError(ref, rec.Target.Digest))
-		}
-		if err := checkMediaType(ref, opts.MediaType, rec.Target.MediaType); err != nil {
-			return Pulled{}, err
-		}
-		img := client.NewImageWithPlatform(r.conn.Client, rec, matcher)
-		unpacked, err := img.IsUnpacked(ctx, r.conn.Snapshotter)
-		if err == nil && !unpacked {
-			err = img.Unpack(ctx, r.conn.Snapshotter)
-		}
-		if err == nil {
-			return Pulled{Name: rec.Name, Digest: rec.Target.Digest.String(), Size: rec.Target.Size}, nil
-		}
-		// Content gone under an existing record: fetch again, under the
-		// staging name; the record is left as it is.
-	} else if !errdefs.IsNotFound(err) {
-		return Pulled{}, fmt.Errorf("look up %s: %w", ref, err)
+	if p, ok, err := r.fromRecord(ctx, ref, opts, matcher); ok || err != nil {
+		return p, err
 	}
 
 	labels := map[string]string{conn.LabelManaged: "true", conn.LabelCreated: "true", conn.LabelRole: "candidate", conn.LabelOwner: conn.Owner()}
-	for k, v := range opts.Labels {
-		labels[k] = v
-	}
+	maps.Copy(labels, opts.Labels)
 	tracker := newTracker(r.conn.Client.ContentStore(), ref, opts.Progress)
 	stop := tracker.start(ctx)
 	staging := ref + stagingSuffix + rand.Text()
@@ -152,8 +133,44 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 		// that follows finds them and makes the record.
 		return Pulled{Name: ref, Digest: t.Digest.String(), Size: t.Size}, nil
 	}
+	return r.record(ctx, ref, t, labels)
+}
+
+// fromRecord answers a pull from the record already named ref, unpacking it
+// where its snapshots went. ok is false where there is no record, or its
+// content went: the pull fetches again, and the record is left as it is.
+func (r *Puller) fromRecord(ctx context.Context, ref string, opts PullOptions, matcher platforms.MatchComparer) (p Pulled, ok bool, err error) {
+	rec, err := r.conn.Client.ImageService().Get(ctx, ref)
+	if errdefs.IsNotFound(err) {
+		return Pulled{}, false, nil
+	}
+	if err != nil {
+		return Pulled{}, false, fmt.Errorf("look up %s: %w", ref, err)
+	}
+	if conn.Tampered(rec) {
+		// Its name says one image and it holds another: neither used nor
+		// overwritten (it may be evidence); gc removes it.
+		return Pulled{}, false, fmt.Errorf("pull: %w", conn.TamperedError(ref, rec.Target.Digest))
+	}
+	if err := checkMediaType(ref, opts.MediaType, rec.Target.MediaType); err != nil {
+		return Pulled{}, false, err
+	}
+	img := client.NewImageWithPlatform(r.conn.Client, rec, matcher)
+	unpacked, err := img.IsUnpacked(ctx, r.conn.Snapshotter)
+	if err == nil && !unpacked {
+		err = img.Unpack(ctx, r.conn.Snapshotter)
+	}
+	if err != nil {
+		return Pulled{}, false, nil
+	}
+	return Pulled{Name: rec.Name, Digest: rec.Target.Digest.String(), Size: rec.Target.Size}, true, nil
+}
+
+// record creates the image record named ref for what was pulled; it never
+// updates one, which may be a pin.
+func (r *Puller) record(ctx context.Context, ref string, t ocispec.Descriptor, labels map[string]string) (Pulled, error) {
 	created := true
-	if _, err := is.Create(ctx, images.Image{Name: ref, Target: t, Labels: labels}); errdefs.IsAlreadyExists(err) {
+	if _, err := r.conn.Client.ImageService().Create(ctx, images.Image{Name: ref, Target: t, Labels: labels}); errdefs.IsAlreadyExists(err) {
 		// Made meanwhile by another provision (perhaps pinned already): it
 		// is theirs, and stays as it is.
 		created = false
