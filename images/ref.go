@@ -13,6 +13,9 @@ import (
 // was typed.
 type Reference struct {
 	named reference.Named
+	// given is the reference as it was written, for what a resolve tells
+	// the user back (Set.Ref): they should recognise what they typed.
+	given string
 }
 
 // ParseReference parses and normalises an image reference ("busybox" is
@@ -27,7 +30,7 @@ func ParseReference(s string) (Reference, error) {
 	if err != nil {
 		return Reference{}, fmt.Errorf("image reference %q: %w (want registry/repository:tag or registry/repository@sha256:…)", s, err)
 	}
-	return Reference{named: n}, nil
+	return Reference{named: n, given: s}, nil
 }
 
 // String is the normalised reference.

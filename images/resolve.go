@@ -112,13 +112,25 @@ func (f fetcher) read(ctx context.Context, d ocispec.Descriptor, limit int64) ([
 	return b, nil
 }
 
-// Resolve reads a reference down to its variants. It fetches manifests and,
-// only for images without gpupin's annotations, their config blobs; never a
-// layer.
+// Resolve parses ref and reads it down to its variants (ResolveReference).
 func (r *Resolver) Resolve(ctx context.Context, ref string) (*Set, error) {
 	pr, err := ParseReference(ref)
 	if err != nil {
 		return nil, err
+	}
+	return r.ResolveReference(ctx, pr)
+}
+
+// ResolveReference reads a parsed reference down to its variants, for
+// callers that parsed it once already. It fetches manifests and, only for
+// images without gpupin's annotations, their config blobs; never a layer.
+func (r *Resolver) ResolveReference(ctx context.Context, pr Reference) (*Set, error) {
+	if pr.named == nil {
+		return nil, fmt.Errorf("empty image reference")
+	}
+	ref := pr.given
+	if ref == "" {
+		ref = pr.String()
 	}
 	remote := r.remote()
 	fail := func(err error) (*Set, error) {

@@ -139,8 +139,8 @@ func passing() string {
 // memResolver is a registry's answer held in memory: a set per reference.
 type memResolver map[string]*images.Set
 
-func (r memResolver) Resolve(_ context.Context, ref string) (*images.Set, error) {
-	if s, ok := r[ref]; ok {
+func (r memResolver) ResolveReference(_ context.Context, ref images.Reference) (*images.Set, error) {
+	if s, ok := r[ref.String()]; ok {
 		return s, nil
 	}
 	return nil, fmt.Errorf("%s: not found in the test's registry", ref)

@@ -40,7 +40,7 @@ func (p *Provisioner) Name(ctx context.Context, in Want) (*Named, error) {
 	if err != nil {
 		return nil, err
 	}
-	set, err := p.opts.Resolver.Resolve(ctx, w.Ref)
+	set, err := p.opts.Resolver.ResolveReference(ctx, w.parsedRef)
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +180,7 @@ func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs)
 // image without annotations is read. A pin's key and probe stand where
 // nothing else names them.
 func (p *Provisioner) fromReference(ctx context.Context, t *ProbeTarget, w want, pin *containerd.Pin, cfg ocispec.ImageConfig) {
-	set, rerr := p.opts.Resolver.Resolve(ctx, t.Image)
+	set, rerr := p.resolve(ctx, t.Image)
 	var v *images.Variant
 	if rerr == nil {
 		v = variantOn(set, t.Node.Platform)
@@ -223,7 +223,7 @@ func (p *Provisioner) fromPin(ctx context.Context, t *ProbeTarget, pin *containe
 		sources = append(sources, ov.Image)
 	}
 	for _, src := range sources {
-		set, err := p.opts.Resolver.Resolve(ctx, src)
+		set, err := p.resolve(ctx, src)
 		if err != nil {
 			continue
 		}

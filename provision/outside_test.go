@@ -172,7 +172,7 @@ type outsideResolver struct {
 	o *outside
 }
 
-func (r outsideResolver) Resolve(ctx context.Context, ref string) (set *images.Set, err error) {
-	r.o.call(ctx, func(ctx context.Context) { set, err = r.r.Resolve(ctx, ref) })
+func (r outsideResolver) ResolveReference(ctx context.Context, ref images.Reference) (set *images.Set, err error) {
+	r.o.call(ctx, func(ctx context.Context) { set, err = r.r.ResolveReference(ctx, ref) })
 	return set, err
 }

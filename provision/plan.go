@@ -149,7 +149,7 @@ func (p *Provisioner) nameAndOverride(ctx context.Context, pl *Plan, w want) (*i
 	var set *images.Set
 	if !(w.namesKey() && w.ownOverride.Kind == images.OverrideImage) {
 		var err error
-		if set, err = p.opts.Resolver.Resolve(ctx, w.Ref); err != nil {
+		if set, err = p.opts.Resolver.ResolveReference(ctx, w.parsedRef); err != nil {
 			return nil, err
 		}
 	}
@@ -165,6 +165,16 @@ func (p *Provisioner) nameAndOverride(ctx context.Context, pl *Plan, w want) (*i
 	return set, nil
 }
 
+// resolve reads a reference that is not a want's (an override's image, a
+// pin's source) down to its variants.
+func (p *Provisioner) resolve(ctx context.Context, ref string) (*images.Set, error) {
+	pr, err := images.ParseReference(ref)
+	if err != nil {
+		return nil, err
+	}
+	return p.opts.Resolver.ResolveReference(ctx, pr)
+}
+
 // choose orders the variants the node can run into the plan's candidates,
 // each with the probe Provision will run on it, and a reason for every
 // rejection. An operator's image replaces the engine's variants: they are
@@ -174,7 +184,7 @@ func (p *Provisioner) choose(ctx context.Context, pl *Plan, set *images.Set) err
 	if choice.Kind == images.OverrideImage {
 		pl.Source = choice.Image
 		var err error
-		if set, err = p.opts.Resolver.Resolve(ctx, choice.Image); err != nil {
+		if set, err = p.resolve(ctx, choice.Image); err != nil {
 			return fmt.Errorf("override image: %w", err)
 		}
 		choice = images.Override{Kind: images.OverrideAuto}

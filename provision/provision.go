@@ -50,9 +50,10 @@ type Puller interface {
 	Registry() *registry.Policy
 }
 
-// Resolver reads a reference down to its variants (images.Resolver).
+// Resolver reads a reference down to its variants (images.Resolver). It
+// takes the reference parsed: a want's is parsed once, where it enters.
 type Resolver interface {
-	Resolve(ctx context.Context, ref string) (*images.Set, error)
+	ResolveReference(ctx context.Context, ref images.Reference) (*images.Set, error)
 }
 
 // Provisioner provisions wants on one node.
