@@ -13,8 +13,8 @@ import (
 // was typed.
 type Reference struct {
 	named reference.Named
-	// given is the reference as it was written, for what a resolve tells
-	// the user back (Set.Ref): they should recognise what they typed.
+	// given is the reference as written (spaces trimmed), for what a
+	// resolve tells the user back (Set.Ref): they should recognise it.
 	given string
 }
 

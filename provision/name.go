@@ -180,7 +180,7 @@ func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs)
 // image without annotations is read. A pin's key and probe stand where
 // nothing else names them.
 func (p *Provisioner) fromReference(ctx context.Context, t *ProbeTarget, w want, pin *containerd.Pin, cfg ocispec.ImageConfig) {
-	set, rerr := p.resolve(ctx, t.Image)
+	set, rerr := p.opts.Resolver.ResolveReference(ctx, w.parsedRef)
 	var v *images.Variant
 	if rerr == nil {
 		v = variantOn(set, t.Node.Platform)
