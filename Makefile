@@ -16,7 +16,7 @@ DAEMON_PKGS ?= ./containerd/... ./e2e/... ./faults/...
 STATICCHECK ?= $(GPUPIN_TOOLS)/staticcheck
 TESTFLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all deps deps-demo dist test-dist build build-nocgo image demo test test-short check test-helm test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish fuzz clean
+.PHONY: all deps deps-demo dist test-dist build build-nocgo image demo test test-short check test-helm test-cluster test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish fuzz clean
 
 all: build
 
@@ -88,6 +88,7 @@ demo: deps-demo build
 test: require-root deps build
 	$(MAKE) --no-print-directory check
 	$(MAKE) --no-print-directory test-helm
+	$(MAKE) --no-print-directory test-cluster
 	$(MAKE) --no-print-directory test-containerd1
 	$(MAKE) --no-print-directory test-containerd2
 	$(MAKE) --no-print-directory test-containerd17
@@ -99,7 +100,7 @@ check:
 	CGO_ENABLED=0 $(GO) vet ./node/ ./cmd/gpupin/
 	$(STATICCHECK) $(PKGS)
 	cd tools/dist && $(GO) vet . && $(STATICCHECK) .
-	cd tools/helm && $(GO) vet -tags nonvml . && $(STATICCHECK) -tags nonvml .
+	cd tools/helm && $(GO) vet -tags nonvml,cluster . && $(STATICCHECK) -tags nonvml,cluster .
 
 # The fast tier: no daemon, no root (README). Not part of `make test`,
 # which runs everything in it too, against real parts.
@@ -114,6 +115,18 @@ test-short:
 # driver is; the chart's test needs no NVML.
 test-helm:
 	cd tools/helm && $(GO) test -tags nonvml $(TESTFLAGS) .
+
+# gpupin as users install it, on a real cluster (tools/helm/cluster_test.go,
+# build tag cluster): etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, two kubelets over two containerds, nfd-master and
+# nfd-worker, the chart installed with Helm's Go packages, gpupin's image
+# from a local registry. Against containerd 2.4.2 and 1.7.35.
+CLUSTER_CONTAINERDS ?= $(CONTAINERD2) $(CONTAINERD17)
+test-cluster: require-root
+	@for d in $(CLUSTER_CONTAINERDS); do \
+		echo "== cluster test against $$($$d/containerd --version)"; \
+		(cd tools/helm && GPUPIN_TEST_CONTAINERD=$$d PATH="$$d:$$PATH" $(GO) test -tags nonvml,cluster -run '^TestClusterSimulated$$' -v $(TESTFLAGS) .) || exit 1; \
+	done
 
 test-containerd1: require-root
 	@echo "== go test against $$(containerd --version)"

@@ -43,6 +43,7 @@ var agentUsers = []kubetest.User{
 	{Name: "gpupin:agent:own-new", Groups: []string{"gpupin:agents"}},
 	{Name: "gpupin:agent:own-old", Groups: []string{"gpupin:agents"}},
 	{Name: "gpupin:agent:own-late", Groups: []string{"gpupin:agents"}},
+	{Name: "gpupin:agent:cond-a", Groups: []string{"gpupin:agents"}},
 }
 
 func TestMain(m *testing.M) {

@@ -61,6 +61,7 @@ type Node struct {
 	lastEvent   map[string]string
 	lastFailure map[string]*Failure
 	lastRejects map[string]bool
+	settled     map[string]EngineStatus // each key's last settled status, for Conditions
 }
 
 // NewNode makes the clients; nothing talks to the API until Start.
@@ -79,7 +80,8 @@ func NewNode(opts NodeOptions) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	n := &Node{opts: opts, kube: kube, lastEvent: map[string]string{}, lastFailure: map[string]*Failure{}, lastRejects: map[string]bool{}}
+	n := &Node{opts: opts, kube: kube, lastEvent: map[string]string{}, lastFailure: map[string]*Failure{}, lastRejects: map[string]bool{},
+		settled: map[string]EngineStatus{}}
 	n.watcher = &Watcher{Dyn: dyn, Kube: kube, NodeName: opts.NodeName, CachePath: opts.CachePath,
 		SyncTimeout: opts.SyncTimeout, Logger: opts.Logger, Apply: n.applyChoices}
 	n.status = &StatusWriter{Dyn: dyn, NodeName: opts.NodeName, Every: opts.StatusEvery, Logger: opts.Logger, Build: n.build,
@@ -208,5 +210,8 @@ func (n *Node) build(ctx context.Context) NodeStatus {
 	sts, fileOv, ch := a.Status(), a.FileOverrides(), n.watcher.Current()
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return BuildStatus(sts, facts, ch, fileOv, n.lastFailure)
+	ns := BuildStatus(sts, facts, ch, fileOv, n.lastFailure)
+	ns.Conditions = Conditions(ns, n.settled)
+	rememberSettled(n.settled, ns.Engines)
+	return ns
 }

@@ -130,6 +130,7 @@ func (s *StatusWriter) write(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("GPUPinNode %s: %w", s.NodeName, err)
 	}
+	st.Conditions = s.conditions(cur, st)
 	m, err := toUnstructured(&GPUPinNode{Status: st})
 	if err != nil {
 		return err
@@ -145,6 +146,24 @@ func (s *StatusWriter) write(ctx context.Context) error {
 	s.writes++
 	s.mu.Unlock()
 	return nil
+}
+
+// conditions merges st's conditions (computed here when Build made none)
+// into those cur carries, so a lastTransitionTime moves only on a real
+// change, each stamped with cur's metadata.generation.
+func (s *StatusWriter) conditions(cur *unstructured.Unstructured, st NodeStatus) []metav1.Condition {
+	want := st.Conditions
+	if len(want) == 0 {
+		want = Conditions(st, nil)
+	}
+	var have GPUPinNode
+	if err := fromUnstructured(cur, &have); err != nil {
+		// A status this agent cannot read is replaced: its conditions
+		// start over rather than block every later write.
+		s.Logger.Warn("GPUPinNode status unreadable; its conditions start over", "node", s.NodeName, "err", err)
+		have = GPUPinNode{}
+	}
+	return mergeConditions(have.Status.Conditions, want, cur.GetGeneration())
 }
 
 // owner is the owner reference to the node's Node, nil while its UID is

@@ -84,6 +84,10 @@ type NodeStatus struct {
 	OverrideRejections []OverrideRejection `json:"overrideRejections,omitempty"`
 	// UpdatedAt is the agent's latest write.
 	UpdatedAt metav1.Time `json:"updatedAt,omitempty"`
+	// Conditions are Ready and Degraded (ConditionReady,
+	// ConditionDegraded), as Kubernetes' API conventions have them: what
+	// `kubectl wait --for=condition=Ready` and controllers read.
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 }
 
 // EngineStatus is one engine's state on the node.

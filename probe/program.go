@@ -77,7 +77,7 @@ func Build(k Kind, opt Options) (Program, error) {
 		// The script is read-only and the root filesystem too: no .pyc.
 		p.Env = append([]string{"GPUPIN_ENGINE=" + opt.Engine, "PYTHONDONTWRITEBYTECODE=1"}, simEnv...)
 	case CUDA:
-		bin, err := findBinary(CUDAProbeName, opt.CUDAProbeBinary)
+		bin, err := stagedBinary(CUDAProbeName, opt.CUDAProbeBinary, opt.Dir)
 		if err != nil {
 			return Program{}, fmt.Errorf("cuda probe: %w", err)
 		}
@@ -95,7 +95,7 @@ func Build(k Kind, opt Options) (Program, error) {
 		p.Args = append([]string(nil), opt.ExecArgv...)
 		p.Env = append([]string{"GPUPIN_ENGINE=" + opt.Engine}, simEnv...)
 	case Sim:
-		bin, err := findBinary(SimProbeName, opt.SimProbeBinary)
+		bin, err := stagedBinary(SimProbeName, opt.SimProbeBinary, opt.Dir)
 		if err != nil {
 			return Program{}, fmt.Errorf("sim probe: %w", err)
 		}
@@ -222,6 +222,24 @@ func Binary(k Kind, opt Options) (string, error) {
 		return findBinary(SimProbeName, opt.SimProbeBinary)
 	}
 	return "", nil
+}
+
+// stagedBinary is the probe binary name, found as findBinary finds it,
+// copied into the staging directory dir: containerd resolves a mount's
+// source on the host, and gpupin may run where the host's paths are not
+// its own (the agent's container, whose /usr/lib/gpupin the host lacks),
+// while dir is a host path mounted at the same path (--probe-dir). With no
+// dir the binary is mounted from where it was found.
+func stagedBinary(name, explicit, dir string) (string, error) {
+	bin, err := findBinary(name, explicit)
+	if err != nil || dir == "" {
+		return bin, err
+	}
+	content, err := os.ReadFile(bin)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", bin, err)
+	}
+	return stage(dir, name, content, 0o755)
 }
 
 // stage writes content into dir under a name carrying its hash, so that

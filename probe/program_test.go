@@ -62,7 +62,8 @@ func writeFile(t *testing.T, p string) string {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(p, []byte("#!/bin/true\n"), 0o755); err != nil {
+	// Each file's own content: a staged copy then says which was found.
+	if err := os.WriteFile(p, []byte("#!/bin/true\n# "+p+"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -204,8 +205,21 @@ func TestBuild(t *testing.T) {
 				if filepath.Dir(src) != tt.opt.Dir {
 					t.Fatalf("staged at %s, want under %s", src, tt.opt.Dir)
 				}
-			} else if src != tt.wantSource {
-				t.Fatalf("mount source = %s, want %s", src, tt.wantSource)
+			} else {
+				// A binary is found where tt.wantSource says and mounted
+				// from its copy in the staging directory: the host path
+				// containerd resolves, wherever gpupin itself runs.
+				want, err := os.ReadFile(tt.wantSource)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := os.ReadFile(src)
+				if filepath.Dir(src) != tt.opt.Dir || err != nil || string(got) != string(want) {
+					t.Fatalf("mount source = %s (%v): want a copy of %s under %s", src, err, tt.wantSource, tt.opt.Dir)
+				}
+				if st, err := os.Stat(src); err != nil || st.Mode().Perm()&0o111 == 0 {
+					t.Fatalf("staged binary %s not executable: %v %v", src, st.Mode(), err)
+				}
 			}
 		})
 	}

@@ -17,8 +17,10 @@
 #           CRI tests), staticcheck v0.8.2 (make check) and nfd-worker
 #           v0.17.3 (scripts/nfd-worker.sh: the NFD feature-file test),
 #           etcd v3.6.16 and kube-apiserver v1.37.2 (scripts/kube-tools.sh:
-#           the fleet tests' control plane) and kubelet v1.37.2 (the same
-#           script: the e2e test that runs the engine Deployment's pod).
+#           the fleet tests' control plane), kubelet, kube-controller-manager
+#           and kube-scheduler v1.37.2 (the same script: the e2e kubelet
+#           and cluster tests), nfd-master beside nfd-worker, and Spegel
+#           v0.7.4 (scripts/spegel.sh: the rollout tests' mirrors).
 # The Go tools come through the Go module proxy; each is rebuilt only when
 # the cached one is missing or is another version.
 set -euo pipefail
@@ -180,4 +182,6 @@ GPUPIN_TOOLS="$TOOLS" "$(dirname "$0")/nfd-worker.sh"
 # test (internal/kubetest): about 12 minutes once on 2 cores (far more
 # under other builds' load), then cached.
 GPUPIN_TOOLS="$TOOLS" "$(dirname "$0")/kube-tools.sh"
+# Spegel, each simulated node's peer-to-peer mirror in the rollout tests.
+GPUPIN_TOOLS="$TOOLS" "$(dirname "$0")/spegel.sh"
 exit 0

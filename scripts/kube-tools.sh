@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and kubelet v1.37.2 and etcd v3.6.16 into
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler and
+# kubelet v1.37.2 and etcd v3.6.16 into
 # $GPUPIN_TOOLS/kube-1.37.2 (default /var/tmp/gpupin-tools) unless the cached
 # binaries already are these versions: the fleet tests (internal/kubetest)
 # start etcd and kube-apiserver on loopback, and the kubelet test
-# (e2e/kubelet_test.go) a standalone kubelet over a test's containerd.
+# (e2e/kubelet_test.go) a standalone kubelet over a test's containerd, and
+# the cluster test (e2e/cluster) all four over two kubelets.
 #
 # None installs with `go install`: k8s.io/kubernetes replaces its k8s.io/*
 # staging modules with ./staging directories the module zip lacks, and etcd's
@@ -57,39 +59,41 @@ if ! built_with "$DEST/etcd" go.etcd.io/etcd/api/v3 "$ETCD_VERSION"; then
 	tmp=""
 fi
 
-# kube_build CMD: build ./cmd/CMD of k8s.io/kubernetes into $DEST, from one
-# copy of the module shared by every CMD this run builds.
-kube_src=""
+# kube_build CMD...: build ./cmd/CMD of k8s.io/kubernetes into $DEST for
+# every CMD, in one `go build` from one copy of the module: the binaries
+# share most of their packages, so the second and later cost little more.
 kube_build() {
-	if [ -z "$kube_src" ]; then
-		tmp=$(mktemp -d "$TOOLS/.build.XXXXXX")
-		kube_src="$tmp/src"
-		cp -r "$(dir_of "k8s.io/kubernetes@$KUBE_VERSION")" "$kube_src"
-		chmod -R u+w "$kube_src"
-		rm -f "$kube_src"/go.work*
-		# Every staging module: drop its replace, require the release.
-		(cd "$kube_src" && for m in $(local_replaces | grep '^k8s\.io/'); do
-			go mod edit -dropreplace="$m" -require="$m@$STAGING_VERSION"
-		done)
-	fi
-	echo "building $1 $KUBE_VERSION (minutes on 2 cores, once)"
+	tmp=$(mktemp -d "$TOOLS/.build.XXXXXX")
+	local src="$tmp/src" c pkgs=()
+	cp -r "$(dir_of "k8s.io/kubernetes@$KUBE_VERSION")" "$src"
+	chmod -R u+w "$src"
+	rm -f "$src"/go.work*
+	# Every staging module: drop its replace, require the release.
+	(cd "$src" && for m in $(local_replaces | grep '^k8s\.io/'); do
+		go mod edit -dropreplace="$m" -require="$m@$STAGING_VERSION"
+	done)
+	for c in "$@"; do pkgs+=("./cmd/$c"); done
+	echo "building $* $KUBE_VERSION (minutes on 2 cores, once)"
+	mkdir "$tmp/out"
 	# The version the binary reports (--version, kube-apiserver's /version,
 	# kubelet's node status). -trimpath: the copy's directory is new each
 	# run, and without it every package of the copy would miss Go's build
 	# cache (its key holds the source directory).
-	(cd "$kube_src" && GOFLAGS=-mod=mod go build -trimpath -o "$tmp/$1" \
+	(cd "$src" && GOFLAGS=-mod=mod go build -trimpath -o "$tmp/out/" \
 		-ldflags "-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \
-		"./cmd/$1")
-	mv -f "$tmp/$1" "$DEST/$1"
+		"${pkgs[@]}")
+	for c in "$@"; do mv -f "$tmp/out/$c" "$DEST/$c"; done
 }
 
-# kubelet links k8s.io/kubelet, kube-apiserver k8s.io/apiserver: each is
-# rebuilt when the staging module it was built with is not this release.
-# (In an if, not after ||: set -e does not reach into a function run as
-# the left or right of || or &&.)
-if ! built_with "$DEST/kube-apiserver" k8s.io/apiserver "$STAGING_VERSION"; then
-	kube_build kube-apiserver
-fi
-if ! built_with "$DEST/kubelet" k8s.io/kubelet "$STAGING_VERSION"; then
-	kube_build kubelet
+# Each binary links a staging module of this release (kubelet k8s.io/kubelet,
+# the others k8s.io/apiserver, the scheduler also k8s.io/kube-scheduler): a
+# missing one or one built with another release is rebuilt, together with
+# the others that need it.
+want=()
+built_with "$DEST/kube-apiserver" k8s.io/apiserver "$STAGING_VERSION" || want+=(kube-apiserver)
+built_with "$DEST/kube-controller-manager" k8s.io/controller-manager "$STAGING_VERSION" || want+=(kube-controller-manager)
+built_with "$DEST/kube-scheduler" k8s.io/kube-scheduler "$STAGING_VERSION" || want+=(kube-scheduler)
+built_with "$DEST/kubelet" k8s.io/kubelet "$STAGING_VERSION" || want+=(kubelet)
+if [ ${#want[@]} -gt 0 ]; then
+	kube_build "${want[@]}"
 fi

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -32,17 +33,31 @@ type KubeletOptions struct {
 	// Labels are the node's labels, which kubelet's admission checks a
 	// pod's node affinity against (standalone, there is no scheduler).
 	Labels map[string]string
+	// Kubeconfig, when set, registers the kubelet with that API server as
+	// Node NodeName, and it runs the pods the cluster binds to it.
+	Kubeconfig string
+	// Wrap is put before kubelet's command line: e.g.
+	// sandbox.NodeNS.Enter(), with the node's containerd in the same
+	// namespace, so hostPath volumes mean the node's paths.
+	Wrap []string
 }
 
-// Kubelet is a real kubelet (v1.37.2, built by scripts/kube-tools.sh) in
-// standalone mode: no API server, pods from a static pod directory, status
-// read from its read-only port. It runs hostNetwork pods only: there is no
+// Kubelet is a real kubelet (v1.37.2, built by scripts/kube-tools.sh):
+// standalone (no API server, pods from a static pod directory, status read
+// from its read-only port), or registered with a cluster's API server
+// (KubeletOptions.Kubeconfig). It runs hostNetwork pods only: there is no
 // CNI.
 type Kubelet struct {
 	Dir        string // config, root dir, certificates, pod logs
 	StaticPods string // the static pod directory (staticPodPath)
 	LogsDir    string // podLogsDir
-	ReadOnly   string // http://127.0.0.1:PORT, the read-only port (/pods)
+	ReadOnly   string // http://IP:PORT, the read-only port (/pods)
+	// IP is the node's address, where kubelet serves: loopback when
+	// standalone; registered with an API server, the host's first
+	// non-loopback IPv4 address, as kubelet refuses a loopback node IP
+	// there (the Node would have no address, and the API server could not
+	// reach it for logs).
+	IP string
 
 	healthz string
 	proc    *proc
@@ -63,7 +78,12 @@ func StartKubelet(t testing.TB, opts KubeletOptions) *Kubelet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &Kubelet{Dir: dir, StaticPods: filepath.Join(dir, "manifests"), LogsDir: filepath.Join(dir, "logs")}
+	k := &Kubelet{Dir: dir, StaticPods: filepath.Join(dir, "manifests"), LogsDir: filepath.Join(dir, "logs"), IP: "127.0.0.1"}
+	if opts.Kubeconfig != "" {
+		if k.IP, err = hostIP(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	t.Cleanup(k.Stop)
 	for _, d := range []string{k.StaticPods, k.LogsDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -77,8 +97,11 @@ func StartKubelet(t testing.TB, opts KubeletOptions) *Kubelet {
 		"--hostname-override=" + opts.NodeName,
 		// A hostNetwork pod's IP is the node's: loopback, not whatever
 		// interface the machine routes through.
-		"--node-ip=127.0.0.1",
+		"--node-ip=" + k.IP,
 		"--v=2",
+	}
+	if opts.Kubeconfig != "" {
+		args = append(args, "--kubeconfig="+opts.Kubeconfig)
 	}
 	if len(opts.Labels) > 0 {
 		var kv []string
@@ -91,7 +114,7 @@ func StartKubelet(t testing.TB, opts KubeletOptions) *Kubelet {
 	// A port free when chosen can be taken by another test's process
 	// before kubelet binds it; kubelet then exits, and a fresh set is tried.
 	for attempt := 1; ; attempt++ {
-		err := k.start(bin, opts.Endpoint, args)
+		err := k.start(opts.Wrap, bin, opts.Endpoint, args)
 		if err == nil {
 			break
 		}
@@ -106,16 +129,20 @@ func StartKubelet(t testing.TB, opts KubeletOptions) *Kubelet {
 }
 
 // start runs kubelet on fresh ports and waits until it serves.
-func (k *Kubelet) start(bin, endpoint string, args []string) error {
+func (k *Kubelet) start(wrap []string, bin, endpoint string, args []string) error {
 	p, err := freePorts(3)
 	if err != nil {
 		return err
 	}
 	ports := [3]int(p)
-	k.ReadOnly = "http://127.0.0.1:" + strconv.Itoa(ports[1])
+	k.ReadOnly = "http://" + net.JoinHostPort(k.IP, strconv.Itoa(ports[1]))
 	k.healthz = "http://127.0.0.1:" + strconv.Itoa(ports[2]) + "/healthz"
 	if err := os.WriteFile(filepath.Join(k.Dir, "config.yaml"), []byte(k.config(endpoint, ports)), 0o644); err != nil {
 		return err
+	}
+	if len(wrap) > 0 {
+		args = append(append(wrap[1:len(wrap):len(wrap)], bin), args...)
+		bin = wrap[0]
 	}
 	if k.proc, err = startCmd(bin, filepath.Join(k.Dir, "kubelet.log"), args...); err != nil {
 		return err
@@ -138,7 +165,7 @@ staticPodPath: %[2]q
 fileCheckFrequency: 1s
 podLogsDir: %[3]q
 volumePluginDir: %[4]q
-address: 127.0.0.1
+address: %[8]s
 port: %[5]d
 readOnlyPort: %[6]d
 healthzBindAddress: 127.0.0.1
@@ -164,7 +191,27 @@ oomScoreAdj: 0
 # A shared machine's disk must not make kubelet evict or refuse a pod: 0%%
 # turns a threshold off, and with one set the others are off too.
 evictionHard: {memory.available: "0%%", nodefs.available: "0%%", nodefs.inodesFree: "0%%", imagefs.available: "0%%"}
-`, endpoint, k.StaticPods, k.LogsDir, filepath.Join(k.Dir, "volume-plugins"), ports[0], ports[1], ports[2])
+`, endpoint, k.StaticPods, k.LogsDir, filepath.Join(k.Dir, "volume-plugins"), ports[0], ports[1], ports[2], k.IP)
+}
+
+// hostIP is the first IPv4 address of an up, non-loopback interface.
+func hostIP() (string, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return "", err
+	}
+	for _, i := range ifs {
+		if i.Flags&net.FlagUp == 0 || i.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := i.Addrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
+				return n.IP.String(), nil
+			}
+		}
+	}
+	return "", errors.New("kubetest: no non-loopback IPv4 address for a registered kubelet's node IP")
 }
 
 func (k *Kubelet) waitHealthy(limit time.Duration) error {

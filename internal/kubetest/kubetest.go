@@ -73,6 +73,8 @@ type Cluster struct {
 	mu       sync.Mutex
 	etcd     *proc
 	apiserve *proc
+	kcm      *proc // kube-controller-manager, after StartControllers
+	sched    *proc // kube-scheduler, after StartControllers
 }
 
 // proc is a daemon; done closes when it has exited.
@@ -182,6 +184,9 @@ func (c *Cluster) StartAPIServer() error {
 		// As kubeadm and managed clusters run it: the agent's DaemonSet is
 		// privileged (the chart's test installs it).
 		"--allow-privileged=true",
+		// Kubelets are reached (logs, exec) at their node IP: the test's
+		// node names resolve nowhere.
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
 		// What these tests use: namespaces, service accounts, and the
 		// policies that bind an agent to its own node's object.
 		"--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,ValidatingAdmissionPolicy",
@@ -204,8 +209,97 @@ func (c *Cluster) StartAPIServer() error {
 	return nil
 }
 
+// StartControllers starts kube-controller-manager (every default
+// controller: the DaemonSet's and Deployment's, garbage collection, the
+// root CA's publisher for in-cluster clients) and kube-scheduler, both as
+// the admin, and waits until each serves its health check: with them the
+// cluster makes and places pods, as a real one does.
+func (c *Cluster) StartControllers() error {
+	for _, b := range []string{"kube-controller-manager", "kube-scheduler"} {
+		if _, err := os.Stat(filepath.Join(Tools(), b)); err != nil {
+			return fmt.Errorf("kubetest: %s missing (%w): run scripts/kube-tools.sh (scripts/deps.sh does)", b, err)
+		}
+	}
+	kc, err := c.Kubeconfig(AdminToken)
+	if err != nil {
+		return err
+	}
+	ports, err := freePorts(2)
+	if err != nil {
+		return err
+	}
+	d := c.Dir
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.kcm, err = startCmd(filepath.Join(Tools(), "kube-controller-manager"), filepath.Join(d, "kube-controller-manager.log"),
+		"--kubeconfig="+kc, "--authentication-kubeconfig="+kc, "--authorization-kubeconfig="+kc,
+		"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(ports[0]),
+		"--cert-dir="+filepath.Join(d, "kcm-certs"),
+		"--service-account-private-key-file="+filepath.Join(d, "sa.key"),
+		"--root-ca-file="+filepath.Join(d, "ca.crt"),
+		// Each controller with the controller manager's own credentials:
+		// the admin's token, as the test's cluster has no others.
+		"--use-service-account-credentials=false",
+		// A node that stops reporting is marked in 20 s (default 40 s),
+		// so a test sees it within its run.
+		"--node-monitor-grace-period=20s",
+		"--profiling=false", "--v=1")
+	if err != nil {
+		return err
+	}
+	c.sched, err = startCmd(filepath.Join(Tools(), "kube-scheduler"), filepath.Join(d, "kube-scheduler.log"),
+		"--kubeconfig="+kc, "--authentication-kubeconfig="+kc, "--authorization-kubeconfig="+kc,
+		"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(ports[1]),
+		"--cert-dir="+filepath.Join(d, "sched-certs"), "--profiling=false", "--v=1")
+	if err != nil {
+		return err
+	}
+	for _, x := range []struct {
+		name string
+		port int
+		p    *proc
+	}{{"kube-controller-manager", ports[0], c.kcm}, {"kube-scheduler", ports[1], c.sched}} {
+		if err := waitHealthz(x.p, "https://127.0.0.1:"+strconv.Itoa(x.port)+"/healthz", 90*time.Second); err != nil {
+			return fmt.Errorf("%s: %w\n%s", x.name, err, tail(filepath.Join(d, x.name+".log")))
+		}
+	}
+	return nil
+}
+
+// waitHealthz waits until url answers 200 (its serving certificate is the
+// component's own self-signed one: not checked, the port is local).
+func waitHealthz(p *proc, url string, limit time.Duration) error {
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	deadline := time.Now().Add(limit)
+	var last string
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			return errors.New("exited")
+		default:
+		}
+		resp, err := hc.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("not healthy after %s: %s", limit, last)
+}
+
 // Stop stops the daemons and removes the directory.
 func (c *Cluster) Stop() {
+	c.mu.Lock()
+	stopCmd(c.sched)
+	stopCmd(c.kcm)
+	c.sched, c.kcm = nil, nil
+	c.mu.Unlock()
 	c.StopAPIServer()
 	stopCmd(c.etcd)
 	c.etcd = nil

@@ -64,6 +64,7 @@ type Containerd struct {
 	log   *os.File
 	cfg   string
 	owner *os.File // the owner lock (reap.go), held until Stop
+	wrap  []string // ContainerdOptions.Wrap
 }
 
 // ContainerdOptions tunes the daemon.
@@ -86,6 +87,14 @@ type ContainerdOptions struct {
 	// RegistryConfigPath is a certs.d directory (hosts.toml per registry)
 	// for the CRI plugin's pulls; default none.
 	RegistryConfigPath string
+	// CNILoopback puts a loopback-only network in the CRI plugin's CNI
+	// directory: the runtime then reports its network ready, as a node
+	// with a CNI does, so a kubelet registered with an API server makes a
+	// Ready Node. Pods still run on the host's network only.
+	CNILoopback bool
+	// Wrap is put before the daemon's command line (and runc's, at Stop):
+	// e.g. NodeNS.Enter(), to run it in a simulated node's mount namespace.
+	Wrap []string
 }
 
 // StartContainerd starts `containerd` with a config of its own under a new
@@ -114,6 +123,7 @@ func StartContainerd(ctx context.Context, opts ContainerdOptions) (*Containerd, 
 		Dir: dir, Address: filepath.Join(dir, "c.sock"), RuncRoot: filepath.Join(dir, "runc"),
 		Bin: bin, BinDir: binDir, Version: version, Major: major,
 		CRI: opts.CRI, SandboxImage: cmp.Or(opts.SandboxImage, DefaultSandboxImage),
+		wrap: slices.Clone(opts.Wrap),
 	}
 	fail := func(err error) (*Containerd, error) {
 		c.Stop()
@@ -137,6 +147,14 @@ func StartContainerd(ctx context.Context, opts ContainerdOptions) (*Containerd, 
 	}
 	for _, d := range mkdirs {
 		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fail(err)
+		}
+	}
+	if c.CRI && opts.CNILoopback {
+		// CRI counts a network as configured once a config loads; the
+		// loopback plugin is never run for host-network pods.
+		conf := `{"cniVersion": "1.0.0", "name": "gpupin-loopback", "plugins": [{"type": "loopback"}]}`
+		if err := os.WriteFile(filepath.Join(dir, "cni", "net.d", "10-loopback.conflist"), []byte(conf), 0o644); err != nil {
 			return fail(err)
 		}
 	}
@@ -338,7 +356,7 @@ func (c *Containerd) CRIEndpoint() string { return "unix://" + c.Address }
 func (c *Containerd) start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cmd := exec.Command(c.Bin, "--config", c.cfg, "--log-level", "warn")
+	cmd := c.command(c.Bin, "--config", c.cfg, "--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = c.log, c.log
 	if c.BinDir != "" {
 		// The daemon looks its shim up on PATH.
@@ -367,6 +385,14 @@ func (c *Containerd) start(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("containerd %s did not listen on %s in 20s: %s", c.Version, c.Address, c.LogTail())
+}
+
+// command is bin with args, behind the wrap when there is one.
+func (c *Containerd) command(bin string, args ...string) *exec.Cmd {
+	if len(c.wrap) == 0 {
+		return exec.Command(bin, args...)
+	}
+	return exec.Command(c.wrap[0], append(append(slices.Clone(c.wrap[1:]), bin), args...)...)
 }
 
 // Restart stops the daemon hard (SIGKILL, as a crash would) and starts it
@@ -439,7 +465,7 @@ func (c *Containerd) deleteContainers() {
 			nsRoot := filepath.Join(root, ns.Name())
 			ids, _ := os.ReadDir(nsRoot)
 			for _, id := range ids {
-				if out, err := exec.Command(runc, "--root", nsRoot, "delete", "--force", id.Name()).CombinedOutput(); err != nil {
+				if out, err := c.command(runc, "--root", nsRoot, "delete", "--force", id.Name()).CombinedOutput(); err != nil {
 					fmt.Fprintf(os.Stderr, "sandbox: runc delete %s/%s: %v: %s\n", ns.Name(), id.Name(), err, bytes.TrimSpace(out))
 				}
 			}

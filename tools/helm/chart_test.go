@@ -408,13 +408,35 @@ containerd:
 				}
 				vols := at(podSpec(objs), "volumes")
 				mounts := at(agentContainer(objs), "volumeMounts")
-				for _, p := range []string{"/run/k3s/containerd/containerd.sock", "/var/lib/rancher/k3s/agent/containerd"} {
+				// The socket's directory: a restarted containerd's new
+				// socket shows in it.
+				for _, p := range []string{"/run/k3s/containerd", "/var/lib/rancher/k3s/agent/containerd"} {
 					if !strings.Contains(fmt.Sprint(vols), "path:"+p) || !strings.Contains(fmt.Sprint(mounts), "mountPath:"+p) {
 						t.Errorf("%s not mounted at the same path: %v %v", p, vols, mounts)
 					}
 				}
 				if strings.Contains(fmt.Sprint(vols), "/var/lib/containerd") {
 					t.Errorf("the default root still mounted: %v", vols)
+				}
+			},
+		},
+		{
+			name: "host network, SIMULATED node facts",
+			values: `
+hostNetwork: true
+simulated: {nodeFile: /etc/gpupin-sim/node.json}
+`,
+			check: func(t *testing.T, objs []deploycheck.Object, _ *agent.Config) {
+				spec := podSpec(objs)
+				if at(spec, "hostNetwork") != true || at(spec, "dnsPolicy") != "ClusterFirstWithHostNet" {
+					t.Errorf("hostNetwork %v, dnsPolicy %v", at(spec, "hostNetwork"), at(spec, "dnsPolicy"))
+				}
+				if !slices.Contains(args(objs), "--node=/etc/gpupin-sim/node.json") {
+					t.Errorf("args %v: no --node", args(objs))
+				}
+				vols, mounts := fmt.Sprint(at(spec, "volumes")), fmt.Sprint(at(agentContainer(objs), "volumeMounts"))
+				if !strings.Contains(vols, "path:/etc/gpupin-sim/node.json type:File") || !strings.Contains(mounts, "mountPath:/etc/gpupin-sim/node.json") {
+					t.Errorf("the node file not mounted: %v %v", vols, mounts)
 				}
 			},
 		},
