@@ -79,6 +79,7 @@ func (s *StatusWriter) Run(ctx context.Context) {
 	tick := time.NewTicker(s.Every)
 	defer tick.Stop()
 	backoff := time.Duration(0)
+	noCRD := false // the last write found no GPUPinNode CRD
 	var retry <-chan time.Time
 	for {
 		select {
@@ -100,11 +101,23 @@ func (s *StatusWriter) Run(ctx context.Context) {
 				return
 			}
 			backoff = min(max(2*backoff, 500*time.Millisecond), 30*time.Second)
-			s.Logger.Warn("GPUPinNode status not written; retrying", "node", s.NodeName, "in", backoff.String(), "err", err)
+			if IsCRDMissing(err) {
+				// Said once, at Error: retrying does not fix it, an
+				// operator does; the writes resume once the CRD is there.
+				if !noCRD {
+					s.Logger.Error("GPUPinNode status cannot be written until its CRD is installed; retrying", "node", s.NodeName, "err", err)
+				}
+				noCRD = true
+			} else {
+				s.Logger.Warn("GPUPinNode status not written; retrying", "node", s.NodeName, "in", backoff.String(), "err", err)
+			}
 			retry = time.After(backoff)
 			continue
 		}
-		backoff = 0
+		if noCRD {
+			s.Logger.Info("GPUPinNode CRD installed: status written", "node", s.NodeName)
+		}
+		backoff, noCRD = 0, false
 	}
 }
 
@@ -203,10 +216,14 @@ func (s *StatusWriter) create(ctx context.Context, owner *metav1.OwnerReference)
 		if err == nil || apierrors.IsAlreadyExists(err) || ctx.Err() != nil {
 			return cur, err
 		}
+		if apierrors.IsNotFound(err) {
+			return nil, notServed(GPUPinNodes, err)
+		}
 		s.ownerNotSet(err)
 		obj.SetOwnerReferences(nil)
 	}
-	return r.Create(ctx, obj, metav1.CreateOptions{FieldManager: "gpupin-agent"})
+	cur, err := r.Create(ctx, obj, metav1.CreateOptions{FieldManager: "gpupin-agent"})
+	return cur, notServed(GPUPinNodes, err)
 }
 
 // adopt adds owner to cur's owner references with a merge patch that

@@ -12,9 +12,11 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
@@ -75,6 +77,7 @@ type Watcher struct {
 	synced  bool
 	kick    chan struct{}
 	ovInf   cache.SharedIndexInformer
+	noCRD   atomic.Bool // the EngineOverride CRD was found missing
 	nodeInf cache.SharedIndexInformer
 }
 
@@ -102,6 +105,19 @@ func (w *Watcher) Start(ctx context.Context) error {
 		UpdateFunc: func(any, any) { w.poke() },
 		DeleteFunc: func(any) { w.poke() },
 	}
+	// A missing CRD is said once, in words an operator acts on, rather
+	// than as client-go's reflector retrying a 404 forever.
+	if err := w.ovInf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		if !apierrors.IsNotFound(err) {
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+			return
+		}
+		if w.noCRD.CompareAndSwap(false, true) {
+			w.Logger.Error("EngineOverrides cannot be read; the node's own overrides hold until they can", "err", notServed(EngineOverrides, err))
+		}
+	}); err != nil {
+		return err
+	}
 	if _, err := w.ovInf.AddEventHandler(h); err != nil {
 		return err
 	}
@@ -118,6 +134,9 @@ func (w *Watcher) Start(ctx context.Context) error {
 	} else {
 		c, err := w.loadCache()
 		switch {
+		case w.noCRD.Load():
+			// Said by the handler; the cache is not applied, as the API
+			// does answer: there are no EngineOverrides to be had.
 		case err != nil:
 			w.Logger.Error("the Kubernetes API is not answering and the cached cluster choices cannot be read: the node's own overrides hold until it answers", "err", err)
 		case c != nil:
