@@ -45,7 +45,8 @@ type config struct {
 	DefaultProbe    string
 	Progress        func(key string, p containerd.Progress)
 	OnState         []func(Status)
-	Prefetch        int64 // WithPrefetch (prefetch.go)
+	Prefetch        int64     // WithPrefetch (prefetch.go)
+	FetchGate       FetchGate // WithFetchGate (fetchgate.go)
 	Logger          *slog.Logger
 }
 

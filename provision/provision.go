@@ -346,14 +346,20 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 	err := p.rt.WithLease(ctx, func(ctx context.Context) error {
 		st.State, st.Attempted, st.Detail = Pulling, c.Variant, "pulling "+c.Ref
 		p.emit(ctx, *st)
-		watch := p.watchPull(ctx, *st)
-		pulled, err := p.rt.Pull(ctx, c.Ref, containerd.PullOptions{Platform: facts.Platform, MediaType: c.MediaType, Progress: func(pr containerd.Progress) {
-			watch.progress(pr)
-			if p.opts.Progress != nil {
-				p.opts.Progress(st.Key, pr)
-			}
-		}})
-		watch.stop()
+		var pulled containerd.Pulled
+		err := p.gatedPull(ctx, st, c.Ref, func(ctx context.Context, gate func(done, total int64)) error {
+			watch := p.watchPull(ctx, *st)
+			defer watch.stop()
+			var err error
+			pulled, err = p.rt.Pull(ctx, c.Ref, containerd.PullOptions{Platform: facts.Platform, MediaType: c.MediaType, Progress: func(pr containerd.Progress) {
+				watch.progress(pr)
+				gate(pr.Done, pr.Total)
+				if p.opts.Progress != nil {
+					p.opts.Progress(st.Key, pr)
+				}
+			}})
+			return err
+		})
 		if err != nil {
 			fail("pull", &PullError{Variant: c.Variant, Ref: c.Ref, Err: err}, "")
 			return nil

@@ -47,7 +47,7 @@ func agentCommand() *cli.Command {
 				Usage: "with --node-name: also read the wants from the ConfigMap `NAMESPACE/NAME` (key agent.yaml) through the API, applied on change rather than on kubelet's volume sync"},
 			&cli.StringFlag{Name: "fleet-cache", Value: fleet.DefaultCachePath,
 				Usage: "where the last cluster choices are kept, for a restart while the API is down"},
-		}, provisionFlags()...), gpuFlags()...), runtimeFlags()...),
+		}, append(provisionFlags(), fetchFlags()...)...), gpuFlags()...), runtimeFlags()...),
 		Action: runAgent,
 	}
 }
@@ -66,6 +66,19 @@ func runAgent(c *cli.Context) error {
 			fn, err := newFleetNode(c, name, s)
 			if err != nil {
 				return err
+			}
+			// One node fetches a new digest from upstream, the others
+			// then pull it through their mirror (docs/fleet.md).
+			cfg, err := fleet.ClientConfig(c.String("kubeconfig"), true)
+			if err != nil {
+				return err
+			}
+			gate, err := newFetchGate(c, cfg, name, s)
+			if err != nil {
+				return err
+			}
+			if gate != nil {
+				s.opts = append(s.opts, provision.WithFetchGate(gate))
 			}
 			lopts.OnChange = fn.StatusChanged
 			// Before the loop's first pass: a restarted agent provisions
