@@ -68,8 +68,10 @@ const (
 // nowhere to go says why. Then day two: helm upgrade to a newer gpupin
 // image proves nothing again; kubectl logs shows the agent's JSON lines;
 // kubectl wait on the GPUPinNode's Ready condition; helm uninstall leaves
-// pins and engine pods alone and a re-install picks them up; deleting a
-// Node removes its GPUPinNode by garbage collection.
+// pins and engine pods alone and a re-install picks them up; a socket that
+// is not there crash-loops the agent with one clear line; an agent killed
+// mid-probe leaves nothing once its successor runs; deleting a Node
+// removes its GPUPinNode by garbage collection.
 func TestClusterSimulated(t *testing.T) {
 	testStart := time.Now()
 	ctx := context.Background()
@@ -245,6 +247,11 @@ func TestClusterSimulated(t *testing.T) {
 		t.Errorf("after the re-install: pinned %s proved %v; before %s proved %v", again.Pinned, again.ProvedAt, pinned.Pinned, pinned.ProvedAt)
 	}
 	expectNoEnginePulls(t, reg, pin.Ref)
+
+	// Bad input: a socket that is not there, then the agent killed while
+	// a probe runs.
+	checkBadSocket(t, c, h, clusterValues(t, c, repo, "0.1.1", reg.Host), nodes[nodeH100], key, pin.Ref)
+	checkKilledMidProbe(t, c, h, dyn, clusterValues(t, c, repo, "0.1.1", reg.Host), nodes[nodeH100], reg.Host, key, pin.Ref)
 
 	// kubectl delete node: its GPUPinNode goes by garbage collection (its
 	// kubelet stopped first, or it would register the Node again).
