@@ -441,6 +441,37 @@ simulated: {nodeFile: /etc/gpupin-sim/node.json}
 			},
 		},
 		{
+			name: "fetch policy (one fetch per image)",
+			values: `
+fleet: {fetch: {concurrency: 3, leaseDuration: 1m, maxWait: 30m}}
+`,
+			check: func(t *testing.T, objs []deploycheck.Object, _ *agent.Config) {
+				for _, a := range []string{"--fetch-concurrency=3", "--fetch-lease=1m", "--fetch-max-wait=30m"} {
+					if !slices.Contains(args(objs), a) {
+						t.Errorf("args %v: no %s", args(objs), a)
+					}
+				}
+			},
+		},
+		{
+			name: "fetch coordination off",
+			values: `
+fleet: {fetch: {concurrency: 0}}
+`,
+			check: func(t *testing.T, objs []deploycheck.Object, _ *agent.Config) {
+				var fetch []string
+				for _, a := range args(objs) {
+					if strings.HasPrefix(a, "--fetch-") {
+						fetch = append(fetch, a)
+					}
+				}
+				// The defaults (30s, 15m) are the agent's own: not repeated.
+				if !slices.Equal(fetch, []string{"--fetch-concurrency=0"}) {
+					t.Errorf("fetch args %v, want only --fetch-concurrency=0", fetch)
+				}
+			},
+		},
+		{
 			name: "node selection and tolerations",
 			values: `
 nodeSelector:
@@ -656,6 +687,8 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"digest", `image: {digest: latest}`, []string{"/image/digest"}},
 		{"relative socket", `containerd: {socket: containerd.sock}`, []string{"/containerd/socket"}},
 		{"port as a string", `metrics: {port: "9464"}`, []string{"/metrics/port"}},
+		{"fetch wait not a duration", `fleet: {fetch: {maxWait: soon}}`, []string{"/fleet/fetch/maxWait"}},
+		{"negative fetch concurrency", `fleet: {fetch: {concurrency: -1}}`, []string{"/fleet/fetch/concurrency"}},
 		{"toleration effect", `tolerations: [{key: a, operator: Exists, effect: NoSchedul}]`, []string{"/tolerations/0/effect"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
