@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -421,4 +422,98 @@ func TestAPIServerRestartedWhileWaiting(t *testing.T) {
 func shortDigest(ref string) string {
 	dg := ref[strings.LastIndexByte(ref, '@')+1:]
 	return dg[:19] + "…"
+}
+
+// counting counts a client's requests by verb (LIST, WATCH, CREATE, …).
+type counting struct {
+	mu sync.Mutex
+	n  map[string]int
+	rt http.RoundTripper
+}
+
+func (c *counting) RoundTrip(r *http.Request) (*http.Response, error) {
+	verb := r.Method
+	switch {
+	case r.Method == http.MethodGet && r.URL.Query().Get("watch") == "true":
+		verb = "WATCH"
+	case r.Method == http.MethodGet && !strings.Contains(strings.TrimPrefix(r.URL.Path, "/apis/coordination.k8s.io/v1/namespaces/"+ns+"/leases"), "/"):
+		verb = "LIST"
+	}
+	c.mu.Lock()
+	c.n[verb]++
+	c.mu.Unlock()
+	return c.rt.RoundTrip(r)
+}
+
+func (c *counting) total() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := 0
+	for _, n := range c.n {
+		t += n
+	}
+	return t
+}
+
+// TestAPILoadWhileFetching measures the requests of a holder and of a
+// waiter during one fetch, against what docs/fleet.md states: the
+// holder one UPDATE per renewal (a third of the lease), the waiter a LIST
+// and a WATCH about every two thirds of a lease duration.
+func TestAPILoadWhileFetching(t *testing.T) {
+	c := kubetest.StartT(t, manifests, users()...)
+	_, ref := digestFor(t)
+	const d = 3 * time.Second
+	const fetch = 12 * time.Second
+	counted := func(node string) (*fetchgate.Gate, *counting) {
+		cfg := c.Config("gpupin:agent:" + node)
+		cfg.Timeout = 5 * time.Second
+		cnt := &counting{n: map[string]int{}}
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { cnt.rt = rt; return cnt }
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := fetchgate.New(cs.CoordinationV1(), ns, node, mirror(t), fetchgate.WithLeaseDuration(d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g, cnt
+	}
+	hg, hc := counted("n1")
+	wg, wc := counted("n2")
+	holder := make(chan error, 1)
+	go func() {
+		holder <- hg.Fetch(context.Background(), ref, nil, flow(1<<20, 120<<20, 100*time.Millisecond, nil)) // about 12 s
+	}()
+	time.Sleep(500 * time.Millisecond)
+	rec := newRecord()
+	if err := wg.Fetch(context.Background(), ref, rec.note("n2"), rec.pull("n2", flow(1, 1, time.Millisecond, nil))); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-holder; err != nil {
+		t.Fatal(err)
+	}
+	if n := rec.notes["n2"]; len(n) == 0 || !strings.HasPrefix(n[len(n)-1], "pulling through the mirror: n1 fetched") {
+		t.Fatalf("n2 notes %q", n)
+	}
+	hc.mu.Lock()
+	hn := maps.Clone(hc.n)
+	hc.mu.Unlock()
+	wc.mu.Lock()
+	wn := maps.Clone(wc.n)
+	wc.mu.Unlock()
+	renewals := int(fetch / (d / 3))
+	// Holder: the sweep's LIST, a LIST and a CREATE, the renewals, the mark.
+	if hn["PUT"] < renewals-2 || hn["PUT"] > renewals+2 || hc.total() > renewals+6 {
+		t.Errorf("holder's requests %v over %s, want about %d renewals (PUT) and a few more", hn, fetch, renewals)
+	}
+	// Waiter: a LIST and a WATCH at most every two thirds of a lease, and
+	// the start's few.
+	if perCycle := int(fetch/(2*d/3)) + 1; wn["WATCH"] > perCycle || wc.total() > 2*perCycle+4 {
+		t.Errorf("waiter's requests %v over %s, want at most %d WATCHes and %d in all", wn, fetch, perCycle, 2*perCycle+4)
+	}
+	if wn["PUT"] != 0 {
+		t.Errorf("the waiter wrote a live holder's lease: %v", wn)
+	}
+	t.Logf("over a %s fetch with a %s lease: holder %v, waiter %v", fetch, d, hn, wn)
 }
