@@ -33,8 +33,9 @@ type options struct {
 	runcRoot    string
 	fifoDir     string
 	cdiDirs     []string
-	localPrefix string // of the node-local names (pins/local.go)
-	keepLayers  bool   // store every layer's blob, even one extracted here (pull/direct.go)
+	localPrefix string         // of the node-local names (pins/local.go)
+	keepLayers  bool           // store every layer's blob, even one extracted here (pull/direct.go)
+	unpack      UnpackStrategy // how layers are unpacked (pull/unpack.go)
 }
 
 // Opt configures a Runtime: what Connect hands to its parts.
@@ -78,6 +79,10 @@ func WithCDISpecDirs(dirs ...string) Opt { return func(o *options) { o.cdiDirs =
 // every byte, and the node the disk (pull/direct.go).
 func WithKeepLayers(keep bool) Opt { return func(o *options) { o.keepLayers = keep } }
 
+// WithUnpack sets how pulls unpack (ParseUnpack; default gpupin's
+// parallel pipeline). The CLI reads it from EnvUnpack.
+func WithUnpack(s UnpackStrategy) Opt { return func(o *options) { o.unpack = s } }
+
 // Defaults of Connect and its options, which the CLI's flags name.
 const (
 	// DefaultAddress is containerd's own socket.
@@ -113,6 +118,10 @@ func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error)
 	if err := pins.CheckLocalPrefix(o.localPrefix); err != nil {
 		return nil, err
 	}
+	// A strategy made by a conversion rather than ParseUnpack.
+	if _, err := pull.ParseStrategy(string(o.unpack)); err != nil {
+		return nil, err
+	}
 	if _, err := os.Stat(address); err != nil {
 		return nil, fmt.Errorf("containerd socket %s: %w (is containerd running, and at that address?)", address, err)
 	}
@@ -130,7 +139,7 @@ func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error)
 		o.fifoDir = filepath.Join(os.TempDir(), "gpupin-fifo")
 	}
 	r.conn = &conn.Conn{Client: c, Namespace: o.namespace, Snapshotter: o.snapshotter, Registry: o.registry}
-	r.pull = pull.New(r.conn, o.keepLayers)
+	r.pull = pull.New(r.conn, pull.WithKeepLayers(o.keepLayers), pull.WithStrategy(o.unpack))
 	r.run = run.New(r.conn, o.runcRoot, o.fifoDir, o.cdiDirs)
 	if r.pins, err = pins.New(r.conn, o.localPrefix, pins.Deps{Synced: r.pull.Sync, SweepProbes: r.run.SweepProbes}); err != nil {
 		r.pull.Close()

@@ -13,9 +13,16 @@ type (
 	Progress      = pull.Progress
 	LayerStorage  = pull.LayerStorage
 	Decompressors = pull.Decompressors
+	// UnpackStrategy is how pulls unpack (WithUnpack).
+	UnpackStrategy = pull.Strategy
 )
 
-// EnvUnpack selects how pulls unpack (pull/unpack.go).
+// ParseUnpack reads an unpack strategy's name: "" (gpupin's parallel
+// pipeline, the default), "serial", "daemon" or "containerd".
+func ParseUnpack(s string) (UnpackStrategy, error) { return pull.ParseStrategy(s) }
+
+// EnvUnpack is where the CLI reads WithUnpack's strategy from; the
+// library reads no environment.
 const EnvUnpack = pull.EnvUnpack
 
 var (

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -235,6 +236,13 @@ func connect(c *cli.Context, policy *registry.Policy) (*containerd.Runtime, erro
 	if fromLineage(c, "keep-layers", (*cli.Context).Bool, func(v bool) bool { return v }) {
 		opts = append(opts, containerd.WithKeepLayers(true))
 	}
+	// The unpack strategy is for benchmarks and diagnosis: read from the
+	// environment here; the library reads none.
+	unpack, err := containerd.ParseUnpack(os.Getenv(containerd.EnvUnpack))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", containerd.EnvUnpack, err)
+	}
+	opts = append(opts, containerd.WithUnpack(unpack))
 	rt, err := containerd.Connect(c.Context, lineageString(c, "address"), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w; --address or CONTAINERD_ADDRESS names another socket", err)

@@ -136,12 +136,10 @@ type LayerStorage struct {
 // LayerStorage says whether and why pulls here store layer blobs.
 func (r *Puller) LayerStorage(ctx context.Context) (LayerStorage, error) {
 	ctx = r.conn.Ctx(ctx)
-	s, err := r.strategy(ctx)
-	if err != nil {
-		return LayerStorage{}, err
-	}
+	s := r.strategy(ctx)
 	ls := LayerStorage{Forced: r.keepLayers, Streamed: !s.containerd && s.parallel && s.local, Unpack: s.String(),
 		HostsDir: r.conn.Registry.Config().HostsDir}
+	var err error
 	ls.Mirrored, err = r.conn.Registry.MirrorConfigs(ctx)
 	var names []string
 	for _, m := range ls.Mirrored {

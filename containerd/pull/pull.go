@@ -87,11 +87,7 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 	// have made it even when its Pull fails (an unpack after the record).
 	defer conn.Cleanup(ctx, func(ctx context.Context) error { return is.Delete(ctx, staging) })
 	sr := &stagingResolver{Resolver: r.resolver(ctx), alias: staging, real: ref, mediaType: opts.MediaType}
-	strategy, err := r.strategy(ctx)
-	if err != nil {
-		stop(false)
-		return Pulled{}, err
-	}
+	strategy := r.strategy(ctx)
 	pullOpts := append([]client.RemoteOpt{
 		client.WithResolver(sr),
 		client.WithPlatformMatcher(matcher),

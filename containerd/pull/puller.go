@@ -21,18 +21,32 @@ type Puller struct {
 	// keepLayers stores every layer blob a pull downloads, even one
 	// extracted here (direct.go).
 	keepLayers bool
+	mode       Strategy // how layers are unpacked (unpack.go)
 	flush      *flusher
 }
 
-// New is a Puller over c. keepLayers stores every layer blob a pull
-// downloads in the content store, as containerd's own pull does, for ctr
-// export, a push from the node, or a pull that resumes. Otherwise a layer
-// this process extracted while it downloaded, and verified, is not
-// stored: a node runs from its snapshots, and storing the blob costs the
-// daemon a write, a hash and an fsync of every byte, and the node the
-// disk (direct.go).
-func New(c *conn.Conn, keepLayers bool) *Puller {
-	return &Puller{conn: c, keepLayers: keepLayers, flush: newFlusher()}
+// Option configures a Puller.
+type Option func(*Puller)
+
+// WithKeepLayers stores every layer blob a pull downloads in the content
+// store, as containerd's own pull does, for ctr export, a push from the
+// node, or a pull that resumes. Otherwise a layer this process extracted
+// while it downloaded, and verified, is not stored: a node runs from its
+// snapshots, and storing the blob costs the daemon a write, a hash and an
+// fsync of every byte, and the node the disk (direct.go).
+func WithKeepLayers(keep bool) Option { return func(r *Puller) { r.keepLayers = keep } }
+
+// WithStrategy sets how layers are unpacked (default Parallel). It is the
+// caller's choice, not the environment's: the CLI reads EnvUnpack.
+func WithStrategy(s Strategy) Option { return func(r *Puller) { r.mode = s } }
+
+// New is a Puller over c.
+func New(c *conn.Conn, opts ...Option) *Puller {
+	r := &Puller{conn: c, flush: newFlusher()}
+	for _, o := range opts {
+		o(r)
+	}
+	return r
 }
 
 // Close lets go of the snapshots' directory the flusher holds open.

@@ -85,7 +85,7 @@ func (u *unpacker) labelled(h images.Handler) images.Handler {
 		if err != nil {
 			return nil, fmt.Errorf("fetcher: %w", err)
 		}
-		if err := u.fetch(ctx, u.r.conn.Client.ContentStore(), fetcher, desc, nil); err != nil {
+		if err := u.fetch(ctx, u.content, fetcher, desc, nil); err != nil {
 			slog.DebugContext(ctx, "store with its source label", "digest", desc.Digest, "err", err)
 			return nil, err
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/diff"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/mount"
@@ -57,12 +58,14 @@ import (
 // (rehome.go). Otherwise (not root, "serial", "daemon" below 2.2) one
 // after another.
 //
-// EnvUnpack selects a strategy, for benchmarks and for diagnosing a node:
+// A Strategy, handed in by the Puller's maker (WithStrategy; the CLI
+// reads it from GPUPIN_UNPACK), selects another way, for benchmarks and
+// for diagnosing a node:
 //
-//	""                     gpupin's pipeline, parallel where it can be (the default)
-//	"serial"               gpupin's pipeline, one layer at a time
-//	"daemon"               gpupin's pipeline, every layer applied by the daemon's diff service
-//	"containerd"           containerd's unpacker, one layer at a time
+//	Parallel   ("")            gpupin's pipeline, parallel where it can be (the default)
+//	Serial     ("serial")      gpupin's pipeline, one layer at a time
+//	Daemon     ("daemon")      gpupin's pipeline, every layer applied by the daemon's diff service
+//	Containerd ("containerd")  containerd's unpacker, one layer at a time
 //
 // Each makes the root filesystem containerd's own pull makes, attribute by
 // attribute (TestUnpackMatchesCtrPull). containerd's unpacker with its
@@ -71,6 +74,26 @@ import (
 // parent layers underneath), so /tmp loses its sticky bit; gpupin's
 // parallel extraction gives such directories their parents' attributes
 // at commit (parents.go).
+type Strategy string
+
+// The strategies.
+const (
+	Parallel   Strategy = ""
+	Serial     Strategy = "serial"
+	Daemon     Strategy = "daemon"
+	Containerd Strategy = "containerd"
+)
+
+// ParseStrategy reads a strategy's name; empty is the default.
+func ParseStrategy(s string) (Strategy, error) {
+	switch st := Strategy(s); st {
+	case Parallel, Serial, Daemon, Containerd:
+		return st, nil
+	}
+	return "", fmt.Errorf("unpack strategy %q: want serial, daemon or containerd (or unset)", s)
+}
+
+// EnvUnpack is the environment variable the CLI reads a Strategy from.
 const EnvUnpack = "GPUPIN_UNPACK"
 
 // errWrongDiffID is a layer whose files are not those its config names:
@@ -115,14 +138,9 @@ func (s unpackStrategy) String() string {
 	return b.String()
 }
 
-// strategy reads EnvUnpack and what the snapshotter can do.
-func (r *Puller) strategy(ctx context.Context) (unpackStrategy, error) {
-	mode := os.Getenv(EnvUnpack)
-	switch mode {
-	case "", "serial", "daemon", "containerd":
-	default:
-		return unpackStrategy{}, fmt.Errorf("%s=%q: want serial, daemon or containerd (or unset)", EnvUnpack, mode)
-	}
+// strategy is the Puller's Strategy on what the snapshotter can do.
+func (r *Puller) strategy(ctx context.Context) unpackStrategy {
+	mode := r.mode
 	caps, err := r.conn.Client.GetSnapshotterCapabilities(ctx, r.conn.Snapshotter)
 	if err != nil {
 		// Unknown capabilities: nothing is assumed of the snapshotter.
@@ -133,19 +151,19 @@ func (r *Puller) strategy(ctx context.Context) (unpackStrategy, error) {
 	// are made as overlayfs reads them (erofs says rebase too).
 	rebase := r.conn.Snapshotter == "overlayfs" && slices.Contains(caps, snapshots.RebaseCap)
 	s := unpackStrategy{
-		containerd: mode == "containerd",
-		parallel:   rebase && (mode == "" || mode == "daemon"),
+		containerd: mode == Containerd,
+		parallel:   rebase && (mode == Parallel || mode == Daemon),
 		// Extraction here writes files as their owners and, on overlayfs,
 		// makes whiteout devices: it needs root outside a user namespace.
-		local: mode != "daemon" && r.conn.Snapshotter == "overlayfs" && os.Geteuid() == 0 && !userns.RunningInUserNS(),
+		local: mode != Daemon && r.conn.Snapshotter == "overlayfs" && os.Geteuid() == 0 && !userns.RunningInUserNS(),
 	}
 	// Without rebase (containerd below 2.2) a layer extracted ahead is
 	// moved into place by this process: it needs what local extraction
 	// needs, the host's view of the snapshots included.
-	if !rebase && r.conn.Snapshotter == "overlayfs" && s.local && mode == "" {
+	if !rebase && r.conn.Snapshotter == "overlayfs" && s.local && mode == Parallel {
 		s.parallel, s.rehome = true, true
 	}
-	return s, nil
+	return s
 }
 
 // pullOpts are the options that make client.Pull unpack as s says.
@@ -160,13 +178,20 @@ func (r *Puller) unpackOpts(s unpackStrategy, u *unpacker) []client.RemoteOpt {
 // the layers out of containerd's fetch and, when the config is in, fetches
 // and unpacks them.
 type unpacker struct {
-	r        *Puller
-	strategy unpackStrategy
-	resolver remotes.Resolver
-	name     string // what the resolver fetches
-	source   source // the label every blob it stores gets
-	tracker  *tracker
-	pending  atomic.Int64
+	r *Puller
+	// What the pipeline asks of containerd, held from the Puller's
+	// connection when the pull begins.
+	content     content.Store
+	snapshots   snapshots.Snapshotter
+	snapshotter string // its name, for the labels and leases that name it
+	leases      leases.Manager
+	diff        diff.Applier
+	strategy    unpackStrategy
+	resolver    remotes.Resolver
+	name        string // what the resolver fetches
+	source      source // the label every blob it stores gets
+	tracker     *tracker
+	pending     atomic.Int64
 	// keep stores every layer's blob: asked for (WithKeepLayers), or the
 	// pull retries one that failed, whose next attempt should resume.
 	keep bool
@@ -180,7 +205,10 @@ type unpacker struct {
 }
 
 func (r *Puller) newUnpacker(s unpackStrategy, res remotes.Resolver, name, ref string, t *tracker, keep bool) *unpacker {
-	return &unpacker{r: r, strategy: s, resolver: res, name: name, source: newSource(ref), tracker: t, keep: keep, zstd: semaphore.NewWeighted(zstdWindowBudget)}
+	c := r.conn.Client
+	return &unpacker{r: r, content: c.ContentStore(), snapshots: c.SnapshotService(r.conn.Snapshotter),
+		snapshotter: r.conn.Snapshotter, leases: c.LeasesService(), diff: c.DiffService(),
+		strategy: s, resolver: res, name: name, source: newSource(ref), tracker: t, keep: keep, zstd: semaphore.NewWeighted(zstdWindowBudget)}
 }
 
 // wrap takes a manifest's layers out of its children, so that containerd's
@@ -270,7 +298,7 @@ type layer struct {
 }
 
 func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs []ocispec.Descriptor) (retErr error) {
-	cs := u.r.conn.Client.ContentStore()
+	cs := u.content
 	raw, err := content.ReadBlob(ctx, cs, config)
 	if err != nil {
 		return fmt.Errorf("read config: %w", err)
@@ -322,7 +350,7 @@ func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs 
 		defer stop()
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	sn := u.r.conn.Client.SnapshotService(u.r.conn.Snapshotter)
+	sn := u.snapshots
 	var wg sync.WaitGroup
 	defer func() {
 		// On failure nothing half-made stays: extraction snapshots go
@@ -543,8 +571,8 @@ func (u *unpacker) prepare(ctx context.Context, sn snapshots.Snapshotter, l *lay
 			// the pull's lease holds it instead.
 			l.exists = true
 			if id, ok := leases.FromContext(ctx); ok {
-				u.r.conn.Client.LeasesService().AddResource(ctx, leases.Lease{ID: id},
-					leases.Resource{ID: l.chainID.String(), Type: "snapshots/" + u.r.conn.Snapshotter})
+				u.leases.AddResource(ctx, leases.Lease{ID: id},
+					leases.Resource{ID: l.chainID.String(), Type: "snapshots/" + u.snapshotter})
 			}
 			return nil
 		}
@@ -679,7 +707,7 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool, re
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		parents, err := u.parentLayers(ctx, u.r.conn.Client.SnapshotService(u.r.conn.Snapshotter), l.parent)
+		parents, err := u.parentLayers(ctx, u.snapshots, l.parent)
 		if err != nil {
 			return fmt.Errorf("apply layer %d (%s): %w", l.i, l.desc.Digest, err)
 		}
@@ -695,12 +723,12 @@ func (u *unpacker) daemonApply(ctx context.Context, l *layer, mounts []mount.Mou
 		// The whole blob had come, been verified and gone before this
 		// extraction gave up: fetched again, for the daemon.
 		u.tracker.restart(l.desc.Digest.String())
-		if err := u.fetch(ctx, u.r.conn.Client.ContentStore(), l.fetcher, l.desc, nil); err != nil {
+		if err := u.fetch(ctx, u.content, l.fetcher, l.desc, nil); err != nil {
 			return fmt.Errorf("extract layer %d (%s): %w", l.i, l.desc.Digest, err)
 		}
 		l.discarded = false
 	}
-	d, err := u.r.conn.Client.DiffService().Apply(ctx, l.desc, mounts)
+	d, err := u.diff.Apply(ctx, l.desc, mounts)
 	if err != nil {
 		return fmt.Errorf("apply layer %d (%s %s): %w", l.i, l.desc.MediaType, l.desc.Digest, err)
 	}
@@ -711,7 +739,7 @@ func (u *unpacker) daemonApply(ctx context.Context, l *layer, mounts []mount.Mou
 // snapshot was there already, if the store has it: nothing fetches it. A
 // label that could not be added costs a mirror one blob, not the pull.
 func (u *unpacker) labelStored(ctx context.Context, l *layer) {
-	cs := u.r.conn.Client.ContentStore()
+	cs := u.content
 	if _, err := cs.Info(ctx, l.desc.Digest); err != nil {
 		return // not stored: nothing for a mirror to serve
 	}
@@ -760,7 +788,7 @@ func (u *unpacker) commit(ctx context.Context, sn snapshots.Snapshotter, l *laye
 		return nil // no blob to label
 	}
 	info := content.Info{Digest: l.desc.Digest, Labels: map[string]string{labels.LabelUncompressed: l.diffID.String()}}
-	if _, err := u.r.conn.Client.ContentStore().Update(ctx, info, "labels."+labels.LabelUncompressed); err != nil {
+	if _, err := u.content.Update(ctx, info, "labels."+labels.LabelUncompressed); err != nil {
 		return fmt.Errorf("label layer %s: %w", l.desc.Digest, err)
 	}
 	return nil
@@ -769,9 +797,9 @@ func (u *unpacker) commit(ctx context.Context, sn snapshots.Snapshotter, l *laye
 // finish points the config at the top snapshot, which keeps the chain
 // from the collector while the image is.
 func (u *unpacker) finish(ctx context.Context, config ocispec.Descriptor, layers []*layer) error {
-	key := "containerd.io/gc.ref.snapshot." + u.r.conn.Snapshotter
+	key := "containerd.io/gc.ref.snapshot." + u.snapshotter
 	info := content.Info{Digest: config.Digest, Labels: map[string]string{key: layers[len(layers)-1].chainID.String()}}
-	if _, err := u.r.conn.Client.ContentStore().Update(ctx, info, "labels."+key); err != nil {
+	if _, err := u.content.Update(ctx, info, "labels."+key); err != nil {
 		return fmt.Errorf("label config %s: %w", config.Digest, err)
 	}
 	return nil

@@ -77,8 +77,11 @@ func strategyRuntime(t *testing.T, mode string) *containerd.Runtime {
 	if mode == "keep" {
 		return testenv.Runtime(t, containerd.WithKeepLayers(true))
 	}
-	t.Setenv(containerd.EnvUnpack, mode)
-	return testenv.Runtime(t)
+	s, err := containerd.ParseUnpack(mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testenv.Runtime(t, containerd.WithUnpack(s))
 }
 
 // whiteoutLayers are three layers that exercise what an extraction must
@@ -357,8 +360,7 @@ func TestDaemonApplyOfManyLayersCompletes(t *testing.T) {
 		layers = append(layers, tarLayer(t, compression.GZip, entry{name: fmt.Sprintf("d/l%d", i), body: fmt.Sprintf("%s layer %d\n", salt, i)}))
 	}
 	ref := ctrtest.PushImage(t, reg, "many-layers:1", sandbox.ImageSpec{Layers: layers})
-	t.Setenv(containerd.EnvUnpack, "daemon")
-	rt := testenv.Runtime(t)
+	rt := testenv.Runtime(t, containerd.WithUnpack(pull.Daemon))
 	pctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if _, err := rt.Pull(pctx, ref, containerd.PullOptions{}); err != nil {
@@ -387,8 +389,7 @@ func TestZstdLayersWithoutDecoderBudgetAreAppliedByTheDaemon(t *testing.T) {
 			// Blobs of the mode's own: one already in the content store
 			// is applied from there, never extracted here.
 			ref := ctrtest.PushImage(t, reg, "budget:1", sandbox.ImageSpec{Layers: whiteoutLayers(t, compression.ZStd, t.Name()+time.Now().String())})
-			t.Setenv(containerd.EnvUnpack, mode)
-			rt := testenv.Runtime(t)
+			rt := strategyRuntime(t, mode)
 			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
 			before := pull.Fallbacks()

@@ -177,7 +177,13 @@ func connect(t testing.TB, d *sandbox.Containerd, opts ...containerd.Opt) *conta
 	t.Helper()
 	cdiDir := filepath.Join(t.TempDir(), "cdi")
 	os.MkdirAll(cdiDir, 0o755)
+	// A test's GPUPIN_UNPACK picks the strategy, as the CLI's does.
+	unpack, err := containerd.ParseUnpack(os.Getenv(containerd.EnvUnpack))
+	if err != nil {
+		t.Fatal(err)
+	}
 	base := []containerd.Opt{
+		containerd.WithUnpack(unpack),
 		containerd.WithNamespace(Namespace(t)),
 		containerd.WithRuncRoot(d.RuncRoot),
 		containerd.WithFIFODir(filepath.Join(d.Dir, "fifo")),
