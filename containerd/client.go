@@ -2,7 +2,9 @@ package containerd
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -123,6 +125,11 @@ func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error)
 		return nil, err
 	}
 	if _, err := os.Stat(address); err != nil {
+		// The path is said once: a PathError would repeat it.
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
 		return nil, fmt.Errorf("containerd socket %s: %w (is containerd running, and at that address?)", address, err)
 	}
 	c, err := client.New(address, client.WithDefaultNamespace(o.namespace), client.WithTimeout(10*time.Second))
