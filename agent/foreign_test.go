@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,24 +22,6 @@ import (
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/registry"
 )
-
-// logBuffer is a log the agent's goroutines write and the test reads.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // freeAddr is a loopback address nothing listens on.
 func freeAddr(t *testing.T) string {
@@ -66,7 +46,7 @@ func TestRunSimulatedReplacesForeignLocalNames(t *testing.T) {
 	_, port, _ := strings.Cut(reg.Host, ":")
 	hosts := testenv.HostsToml(t, "", "_default", fmt.Sprintf("[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://localhost:"+port))
 	rt := testenv.Runtime(t, containerd.WithRegistry(registry.New(registry.Config{HostsDir: hosts})))
-	logs := &logBuffer{}
+	logs := &testenv.LogBuffer{}
 	metricsAddr := freeAddr(t)
 	const every = 100 * time.Millisecond
 	r := startRun(t, agent.RunConfig{Runtime: rt, Provision: simulated(t), MetricsAddress: metricsAddr,

@@ -1,11 +1,9 @@
 package fleet_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,27 +11,10 @@ import (
 
 	"github.com/gpupin/gpupin/fleet"
 	"github.com/gpupin/gpupin/internal/kubetest"
+	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
 )
-
-// syncBuffer is a log sink the agent's goroutines write concurrently.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // An API server without gpupin's CRDs (the chart's crds/ skipped, or a
 // cluster upgraded past them): the agent says so once per resource, at
@@ -46,7 +27,7 @@ func TestMissingCRDReportedSimulated(t *testing.T) {
 	const name = "no-crd"
 	dyn, kube := clients(t, c.Admin())
 	mkNode(t, kube, name, nil)
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	a := newFakeAgent()
 	a.sts = []provision.Status{{Key: "vllm:0.11.0", Engine: "vllm", Version: "0.11.0", State: provision.Ready,
 		Variant: "cu13", Pinned: "reg.example/vllm@sha256:" + strings.Repeat("a", 64), Simulated: true, At: time.Now()}}
