@@ -10,6 +10,7 @@ import (
 // The pin store's types (package pins).
 type (
 	Pin           = pins.Pin
+	Signature     = pins.Signature
 	SetPinOptions = pins.SetPinOptions
 	HeldError     = pins.HeldError
 	Recovered     = pins.Recovered

@@ -47,6 +47,7 @@ type config struct {
 	OnState         []func(Status)
 	Prefetch        int64     // WithPrefetch (prefetch.go)
 	FetchGate       FetchGate // WithFetchGate (fetchgate.go)
+	Verifier        Verifier  // WithVerifier (verify.go)
 	Logger          *slog.Logger
 }
 

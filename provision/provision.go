@@ -343,6 +343,19 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		fail("probe", err, "")
 		return pin, verdict, attempt
 	}
+	// The signature policy answers before anything of the image is
+	// fetched: an unverified image never runs, the probe included.
+	var signed *containerd.Signature
+	if p.opts.Verifier != nil {
+		st.Detail = "verifying the signature of " + c.Ref
+		p.emit(ctx, *st)
+		s, err := p.opts.Verifier.Verify(ctx, st.Engine, c.Variant, c.Ref, "")
+		if err != nil {
+			fail("verify", err, "")
+			return pin, verdict, attempt
+		}
+		signed = s
+	}
 	err := p.rt.WithLease(ctx, func(ctx context.Context) error {
 		st.State, st.Attempted, st.Detail = Pulling, c.Variant, "pulling "+c.Ref
 		p.emit(ctx, *st)
@@ -381,7 +394,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		pin = containerd.Pin{
 			Key: st.Key, Ref: pulled.Name, Digest: pulled.Digest, Variant: c.Variant, Source: w.Ref,
 			Override: pl.Override, Node: facts.Fingerprint(), ProbedAt: time.Now(),
-			Probe: kind, Verdict: compactVerdict(v), Simulated: facts.Simulated,
+			Probe: kind, Verdict: compactVerdict(v), Simulated: facts.Simulated, Signed: signed,
 		}
 		// The pin is one update plus a demotion: once begun it is
 		// finished, whatever happens to the caller meanwhile.

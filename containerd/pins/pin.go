@@ -38,7 +38,24 @@ const (
 	LabelPrevious = "io.gpupin.previous"
 	// LabelCRIPinned keeps kubelet's image GC off the image.
 	LabelCRIPinned = "io.cri-containerd.pinned"
+	// LabelSigned* record the signature policy's answer before the pull
+	// (Pin.Signed). A pin made before the policy existed, or under mode
+	// off, has none of them and reads with Signed nil.
+	LabelSignedMode   = "io.gpupin.signed.mode"
+	LabelSignedBy     = "io.gpupin.signed.by"
+	LabelSignedDigest = "io.gpupin.signed.digest"
+	LabelSignedAt     = "io.gpupin.signed.at"
 )
+
+// Signature is what the trust policy verified before a pin's image was
+// pulled: under which mode, whose key or identity signed, and which digest
+// the signature covered (the manifest's, or the index it was chosen from).
+type Signature struct {
+	Mode   string    `json:"mode"`
+	By     string    `json:"by"`
+	Digest string    `json:"digest"`
+	At     time.Time `json:"at"`
+}
 
 // maxLabel is containerd's limit on a label (key and value together).
 const maxLabel = 4096
@@ -67,6 +84,9 @@ type Pin struct {
 	// Restored is when Recover last put the pin back after another
 	// client of containerd removed or relabelled its record.
 	Restored time.Time `json:"restored_at,omitzero"`
+	// Signed is the signature verified before the pull; nil when no
+	// policy asked for one.
+	Signed *Signature `json:"signed,omitempty"`
 }
 
 func (p Pin) labels() map[string]string {
@@ -74,7 +94,7 @@ func (p Pin) labels() map[string]string {
 	if len(LabelVerdict)+len(verdict) > maxLabel {
 		verdict = verdict[:maxLabel-len(LabelVerdict)-3] + "..."
 	}
-	return map[string]string{
+	l := map[string]string{
 		conn.LabelManaged: "true",
 		LabelPin:          p.Key,
 		LabelVariant:      p.Variant,
@@ -88,11 +108,21 @@ func (p Pin) labels() map[string]string {
 		LabelCRIPinned: "pinned",
 		LabelSimulated: strconv.FormatBool(p.Simulated),
 	}
+	if s := p.Signed; s != nil {
+		by := s.By
+		if len(LabelSignedBy)+len(by) > maxLabel {
+			by = by[:maxLabel-len(LabelSignedBy)-3] + "..."
+		}
+		l[LabelSignedMode], l[LabelSignedBy], l[LabelSignedDigest] = s.Mode, by, s.Digest
+		l[LabelSignedAt] = s.At.UTC().Format(time.RFC3339Nano)
+	}
+	return l
 }
 
 // pinLabelKeys are every label a pin sets or clears, as update field paths.
 var pinLabelKeys = []string{LabelPin, LabelVariant, conn.LabelSource, LabelNode, LabelProbedAt, LabelProbe, LabelVerdict,
-	LabelOverride, LabelCRIPinned, LabelSimulated, LabelPrevious, conn.LabelRole, conn.LabelOwner, conn.LabelManaged, LabelRestored}
+	LabelOverride, LabelCRIPinned, LabelSimulated, LabelPrevious, conn.LabelRole, conn.LabelOwner, conn.LabelManaged, LabelRestored,
+	LabelSignedMode, LabelSignedBy, LabelSignedDigest, LabelSignedAt}
 
 func pinFromImage(img images.Image) Pin {
 	l := img.Labels
@@ -111,6 +141,10 @@ func pinFromImage(img images.Image) Pin {
 	}
 	p.ProbedAt, _ = time.Parse(time.RFC3339Nano, l[LabelProbedAt])
 	p.Restored, _ = time.Parse(time.RFC3339, l[LabelRestored])
+	if l[LabelSignedMode] != "" {
+		p.Signed = &Signature{Mode: l[LabelSignedMode], By: l[LabelSignedBy], Digest: l[LabelSignedDigest]}
+		p.Signed.At, _ = time.Parse(time.RFC3339Nano, l[LabelSignedAt])
+	}
 	return p
 }
 

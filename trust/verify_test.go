@@ -1,0 +1,436 @@
+package trust_test
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/sigstore/sigstore-go/pkg/root"
+	"github.com/sigstore/sigstore-go/pkg/testing/ca"
+	"github.com/sigstore/sigstore/pkg/cryptoutils"
+	"github.com/sigstore/sigstore/pkg/signature"
+	"github.com/sigstore/sigstore/pkg/signature/payload"
+
+	"github.com/gpupin/gpupin/trust"
+)
+
+// reg is a go-containerregistry registry on loopback, behind a handler
+// wrapper a test can set to misbehave for some paths.
+type reg struct {
+	host string
+	wrap func(w http.ResponseWriter, r *http.Request) bool // true: handled
+}
+
+func newReg(t *testing.T) *reg {
+	t.Helper()
+	g := &reg{}
+	inner := registry.New(registry.WithReferrersSupport(true), registry.Logger(nopLogger()))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if g.wrap != nil && g.wrap(w, r) {
+			return
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	g.host = strings.TrimPrefix(srv.URL, "http://")
+	return g
+}
+
+// push writes a random image and returns its repo@digest.
+func (g *reg) push(t *testing.T, repo string) name.Digest {
+	t.Helper()
+	img, err := random.Image(256, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := name.ParseReference(g.host+"/"+repo+":v1", name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := img.Digest()
+	return ref.Context().Digest(d.String())
+}
+
+type keyPair struct {
+	priv    *ecdsa.PrivateKey
+	pubFile string
+}
+
+func newKey(t *testing.T, dir, file string) keyPair {
+	t.Helper()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pem, err := cryptoutils.MarshalPublicKeyToPEM(priv.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, file)
+	if err := os.WriteFile(p, pem, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return keyPair{priv: priv, pubFile: p}
+}
+
+// signClassic writes cosign's classic signature of `over` into the
+// sha256-<hex>.sig tag of `at`, as cosign sign --key does; mangle may
+// change the base64 signature.
+func signClassic(t *testing.T, k keyPair, at, over name.Digest, mangle func(string) string) {
+	t.Helper()
+	body, err := json.Marshal(payload.Cosign{Image: over})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := signature.LoadSigner(k.priv, crypto.SHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := s.SignMessage(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b64 := base64.StdEncoding.EncodeToString(sig)
+	if mangle != nil {
+		b64 = mangle(b64)
+	}
+	l := static.NewLayer(body, "application/vnd.dev.cosign.simplesigning.v1+json")
+	img, err := mutate.Append(mutate.MediaType(empty.Image, types.OCIManifestSchema1), mutate.Addendum{Layer: l, Annotations: map[string]string{trust.AnnotationSignature: b64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := v1.NewHash(at.DigestStr())
+	tag := at.Context().Tag(fmt.Sprintf("%s-%s.sig", h.Algorithm, h.Hex))
+	if err := remote.Write(tag, img); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pushBundleReferrer writes body as a Sigstore bundle referrer of at.
+func pushBundleReferrer(t *testing.T, at name.Digest, body []byte) {
+	t.Helper()
+	desc, err := remote.Head(at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := static.NewLayer(body, "application/vnd.dev.sigstore.bundle.v0.3+json")
+	if err := remote.WriteLayer(at.Context(), l); err != nil {
+		t.Fatal(err)
+	}
+	// The config's media type is the artifact type too: go-containerregistry's
+	// registry lists a referrer's artifactType from it.
+	cfg := static.NewLayer([]byte("{}"), "application/vnd.dev.sigstore.bundle.v0.3+json")
+	if err := remote.WriteLayer(at.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	ld, _ := l.Digest()
+	cd, _ := cfg.Digest()
+	m := map[string]any{
+		"schemaVersion": 2, "mediaType": types.OCIManifestSchema1, "artifactType": "application/vnd.dev.sigstore.bundle.v0.3+json",
+		"config":  map[string]any{"mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json", "digest": cd.String(), "size": 2},
+		"layers":  []any{map[string]any{"mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json", "digest": ld.String(), "size": len(body)}},
+		"subject": map[string]any{"mediaType": desc.MediaType, "digest": desc.Digest.String(), "size": desc.Size},
+	}
+	raw, _ := json.Marshal(m)
+	sum := sha256.Sum256(raw)
+	if err := remote.Put(at.Context().Digest(fmt.Sprintf("sha256:%x", sum)), rawManifest{raw, types.OCIManifestSchema1}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type rawManifest struct {
+	b  []byte
+	mt types.MediaType
+}
+
+func (r rawManifest) RawManifest() ([]byte, error)        { return r.b, nil }
+func (r rawManifest) MediaType() (types.MediaType, error) { return r.mt, nil }
+
+func policy(t *testing.T, dir, text string) *trust.Policy {
+	t.Helper()
+	p := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pol, err := trust.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pol
+}
+
+// TestVerifyClassic: cosign's sha256-<hex>.sig scheme against a real
+// registry, each bad signature refused with engine, variant and why.
+func TestVerifyClassic(t *testing.T) {
+	dir := t.TempDir()
+	ci := newKey(t, dir, "ci.pub")
+	other := newKey(t, dir, "other.pub")
+	pol := policy(t, dir, "engines:\n  vllm:\n    mode: required\n    keys: [ci.pub]\n")
+	cases := []struct {
+		name string
+		sign func(g *reg, img, img2 name.Digest)
+		want string // "" = verifies
+	}{
+		{"signed", func(g *reg, img, _ name.Digest) { signClassic(t, ci, img, img, nil) }, ""},
+		{"unsigned", func(*reg, name.Digest, name.Digest) {}, "no signature"},
+		{"another key", func(g *reg, img, _ name.Digest) { signClassic(t, other, img, img, nil) }, "signature by no trusted key"},
+		{"another digest", func(g *reg, img, img2 name.Digest) { signClassic(t, ci, img, img2, nil) }, "signed digest " + "sha256:"},
+		{"corrupted signature", func(g *reg, img, _ name.Digest) {
+			signClassic(t, ci, img, img, func(s string) string { return "AAAA" + s[4:] })
+		}, "signature by no trusted key"},
+		{"truncated signature", func(g *reg, img, _ name.Digest) {
+			signClassic(t, ci, img, img, func(s string) string { return s[:len(s)/2] })
+		}, "signature"},
+		{"huge signature manifest", func(g *reg, img, _ name.Digest) {
+			g.wrap = func(w http.ResponseWriter, r *http.Request) bool {
+				if !strings.Contains(r.URL.Path, ".sig") {
+					return false
+				}
+				w.Header().Set("Content-Type", string(types.OCIManifestSchema1))
+				w.Header().Set("Docker-Content-Digest", "sha256:"+strings.Repeat("0", 64))
+				if r.Method == http.MethodHead {
+					w.Header().Set("Content-Length", "1073741824")
+					return true
+				}
+				// Chunked, no length: the bound is on the bytes read.
+				chunk := []byte(strings.Repeat(" ", 1<<16))
+				for i := 0; i < 1<<14; i++ {
+					if _, err := w.Write(chunk); err != nil {
+						return true
+					}
+				}
+				return true
+			}
+		}, "limit"},
+		{"stalled signature tag", func(g *reg, img, _ name.Digest) {
+			g.wrap = func(w http.ResponseWriter, r *http.Request) bool {
+				if !strings.Contains(r.URL.Path, ".sig") {
+					return false
+				}
+				<-r.Context().Done()
+				return true
+			}
+		}, "signature fetch took more than 500ms"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newReg(t)
+			img := g.push(t, "org/vllm")
+			img2 := g.push(t, "org/vllm")
+			tc.sign(g, img, img2)
+			v := &trust.Verifier{Policy: pol, MaxBytes: 1 << 20, Timeout: 500 * time.Millisecond}
+			start := time.Now()
+			s, err := v.Verify(context.Background(), "vllm", "cu13", img.String(), "")
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Verify: %v", err)
+				}
+				if s == nil || s.Digest != img.DigestStr() || !strings.HasPrefix(s.By, "key ci.pub (sha256:") || s.Mode != trust.ModeRequired {
+					t.Fatalf("signature %+v", s)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Verify passed, want refusal with %q", tc.want)
+			}
+			var te *trust.Error
+			if !errors.As(err, &te) || te.Engine != "vllm" || te.Variant != "cu13" {
+				t.Fatalf("error %v is not a trust.Error naming engine and variant", err)
+			}
+			msg := err.Error()
+			for _, w := range []string{"engine vllm", "variant cu13", tc.want} {
+				if !strings.Contains(msg, w) {
+					t.Fatalf("error %q lacks %q", msg, w)
+				}
+			}
+			if d := time.Since(start); d > 10*time.Second {
+				t.Fatalf("refusal took %s", d)
+			}
+		})
+	}
+}
+
+// TestVerifyIndexSignature: a signature over the index the variant was
+// chosen from counts; one over an unrelated digest does not.
+func TestVerifyIndexSignature(t *testing.T) {
+	dir := t.TempDir()
+	ci := newKey(t, dir, "ci.pub")
+	pol := policy(t, dir, "default: {mode: required, keys: [ci.pub]}\n")
+	g := newReg(t)
+	img, idx := g.push(t, "org/e"), g.push(t, "org/e") // idx stands in for the index's digest
+	signClassic(t, ci, idx, idx, nil)
+	v := &trust.Verifier{Policy: pol}
+	s, err := v.Verify(context.Background(), "sglang", "cu129", img.String(), idx.DigestStr())
+	if err != nil || s.Digest != idx.DigestStr() {
+		t.Fatalf("Verify = %+v, %v; want the index's signature", s, err)
+	}
+	if _, err := v.Verify(context.Background(), "sglang", "cu129", img.String(), ""); !errors.Is(err, trust.ErrUnsigned) {
+		t.Fatalf("without the index: %v, want ErrUnsigned", err)
+	}
+}
+
+// TestVerifyOff: mode off fetches nothing and asks for nothing.
+func TestVerifyOff(t *testing.T) {
+	g := newReg(t)
+	g.wrap = func(w http.ResponseWriter, r *http.Request) bool {
+		t.Errorf("fetched %s under mode off", r.URL)
+		return false
+	}
+	v := &trust.Verifier{Policy: trust.Off()}
+	s, err := v.Verify(context.Background(), "vllm", "cu13", g.host+"/org/vllm@sha256:"+strings.Repeat("a", 64), "")
+	if s != nil || err != nil {
+		t.Fatalf("Verify = %v, %v", s, err)
+	}
+}
+
+// virtualRoot writes a VirtualSigstore's trusted root as the JSON file a
+// node keeps offline.
+func virtualRoot(t *testing.T, dir string) (*ca.VirtualSigstore, string) {
+	t.Helper()
+	vs, err := ca.NewVirtualSigstore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// VirtualSigstore keeps a log's ID as its hex text, where a trusted
+	// root holds the raw bytes: give the file the raw ones.
+	raw := func(logs map[string]*root.TransparencyLog) map[string]*root.TransparencyLog {
+		out := map[string]*root.TransparencyLog{}
+		for k, l := range logs {
+			c := *l
+			id, err := hex.DecodeString(string(l.ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.ID = id
+			out[k] = &c
+		}
+		return out
+	}
+	tr, err := root.NewTrustedRoot(root.TrustedRootMediaType01, vs.FulcioCertificateAuthorities(), raw(vs.CTLogs()), vs.TimestampingAuthorities(), raw(vs.RekorLogs()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := tr.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "trusted_root.json")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return vs, p
+}
+
+// TestVerifyKeyless: sigstore-go's verification with the policy's
+// identities and the offline trusted root the policy file names.
+func TestVerifyKeyless(t *testing.T) {
+	dir := t.TempDir()
+	vs, _ := virtualRoot(t, dir)
+	const issuer, subject = "https://token.actions.example", "https://github.com/org/repo/.github/workflows/release.yml@refs/heads/main"
+	pol := policy(t, dir, fmt.Sprintf("engines:\n  vllm:\n    mode: required\n    trustedRoot: trusted_root.json\n    identities:\n      - {issuer: %q, subject: %q}\n", issuer, subject))
+	rule := pol.For("vllm")
+	artifact := []byte("a manifest")
+	sum := sha256.Sum256(artifact)
+	h := v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%x", sum)}
+	cases := []struct {
+		name, subject, issuer string
+		over                  v1.Hash
+		ok                    bool
+	}{
+		{"trusted identity", subject, issuer, h, true},
+		{"another subject", "https://github.com/evil/repo/x.yml@refs/heads/main", issuer, h, false},
+		{"another issuer", subject, "https://accounts.example", h, false},
+		{"another digest", subject, issuer, v1.Hash{Algorithm: "sha256", Hex: strings.Repeat("b", 64)}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := vs.Sign(tc.subject, tc.issuer, artifact)
+			if err != nil {
+				t.Fatal(err)
+			}
+			by, err := trust.VerifyEntity(rule, e, tc.over)
+			if tc.ok != (err == nil) {
+				t.Fatalf("VerifyEntity = %q, %v; want ok %v", by, err, tc.ok)
+			}
+			if tc.ok && by != "keyless "+subject+" ("+issuer+")" {
+				t.Fatalf("by %q", by)
+			}
+		})
+	}
+	// A referrer whose bundle is truncated or not a bundle: refused, named.
+	for _, body := range [][]byte{[]byte(`{"mediaType":"application/vnd.dev.sigstore.bundle.v0.3+json","verificationMaterial":`), []byte(`not json`)} {
+		g := newReg(t)
+		img := g.push(t, "org/vllm")
+		pushBundleReferrer(t, img, body)
+		_, err := (&trust.Verifier{Policy: pol}).Verify(context.Background(), "vllm", "cu13", img.String(), "")
+		if err == nil || !strings.Contains(err.Error(), "not a Sigstore bundle") || !strings.Contains(err.Error(), "engine vllm variant cu13") {
+			t.Fatalf("truncated bundle: %v", err)
+		}
+	}
+}
+
+// TestParseErrors: a policy that does not parse says where and why.
+func TestParseErrors(t *testing.T) {
+	dir := t.TempDir()
+	newKey(t, dir, "ci.pub")
+	if err := os.WriteFile(filepath.Join(dir, "bad.pub"), []byte("not a key"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct{ name, text, want string }{
+		{"yaml syntax", "engines:\n  vllm: [\n", "policy P: line"},
+		{"unknown field", "engines:\n  vllm:\n    mod: required\n", "line 3: field mod not found"},
+		{"bad mode", "engines:\n  vllm:\n    mode: requird\n", `engines.vllm.mode: "requird" is neither "required" nor "off"`},
+		{"required with nothing", "default: {mode: required}\n", "default.mode: required names no keys and no identities"},
+		{"missing key file", "engines:\n  vllm: {mode: required, keys: [gone.pub]}\n", "engines.vllm.keys[0]: open"},
+		{"not a key", "engines:\n  vllm: {mode: required, keys: [bad.pub]}\n", "engines.vllm.keys[0]: bad.pub: not a PEM public key"},
+		{"identity without root", "engines:\n  vllm: {mode: required, identities: [{issuer: i, subject: s}]}\n", "engines.vllm.trustedRoot: keyless identities need an offline trusted root"},
+		{"identity without subject", "engines:\n  vllm: {mode: required, trustedRoot: r.json, identities: [{issuer: i}]}\n", "engines.vllm.identities[0]: issuer and subject are both required"},
+		{"json", `{"engines": {"vllm": {"mode": 3}}}`, `engines.vllm.mode: "3" is neither`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, "P")
+			_, err := trust.Parse(p, []byte(tc.text))
+			want := strings.ReplaceAll(tc.want, "policy P", "policy "+p)
+			if err == nil || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "policy "+p+": ") {
+				t.Fatalf("Parse: %v, want %q", err, want)
+			}
+		})
+	}
+	for _, ok := range []string{"", "default: {mode: off}\n", "engines:\n  vllm: {mode: required, keys: [ci.pub]}\n"} {
+		if _, err := trust.Parse(filepath.Join(dir, "P"), []byte(ok)); err != nil {
+			t.Errorf("Parse(%q): %v", ok, err)
+		}
+	}
+}
+
+func nopLogger() *log.Logger { return log.New(io.Discard, "", 0) }
