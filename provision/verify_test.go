@@ -26,8 +26,8 @@ import (
 	"github.com/sigstore/sigstore/pkg/signature/payload"
 
 	"github.com/gpupin/gpupin/containerd"
-	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/trust"
 )
@@ -125,7 +125,9 @@ func TestProvisionSimulatedSignaturePolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != provision.Failed || !slices.EqualFunc(pins, after, func(a, b containerd.Pin) bool { return a.Ref == b.Ref && a.Digest == b.Digest && *a.Signed == *b.Signed }) {
+	if st.State != provision.Failed || !slices.EqualFunc(pins, after, func(a, b containerd.Pin) bool {
+		return a.Ref == b.Ref && a.Digest == b.Digest && *a.Signed == *b.Signed
+	}) {
 		t.Fatalf("%s; pins %+v, were %+v", st, after, pins)
 	}
 	if len(st.Attempts) != 1 || st.Attempts[0].Stage != "verify" || !strings.Contains(st.Attempts[0].Reason, "variant cu13") {
