@@ -69,7 +69,14 @@ func provisionFlags() []cli.Flag {
 		&cli.StringFlag{Name: "sim-probe", Usage: "path of the gpupin-sim-probe binary (the emulator test fixtures ask for)"},
 		&cli.StringFlag{Name: "prefetch-fallback", Usage: "while a candidate is probed, fetch and unpack the next one if its layers are at most this size (bytes, or k, m, g, t), so a failed probe costs no second pull; off by default: it spends bandwidth and disk that a passing probe never uses"},
 		&cli.StringFlag{Name: "lock-dir", Value: provision.DefaultLockDir, Usage: "per-engine locks shared with the agent and other gpupin processes"},
+		trustPolicyFlag(),
 	}
+}
+
+// trustPolicyFlag names the signature policy (package trust): provision,
+// the agent and plan read it; without it nothing is required.
+func trustPolicyFlag() cli.Flag {
+	return &cli.StringFlag{Name: "trust-policy", EnvVars: []string{"GPUPIN_TRUST_POLICY"}, Usage: "signature policy `FILE` (YAML or JSON): per engine, mode required|off and the cosign keys or keyless identities that must have signed; verified before the pull (default: off)"}
 }
 
 // registryFlags bound what a registry may withhold; global, as every

@@ -58,13 +58,17 @@ func runPins(c *cli.Context) error {
 			return nil
 		}
 		tw := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ENGINE\tVARIANT\tPINNED\tLOCAL NAME\tPROBED\tTHIS NODE")
+		fmt.Fprintln(tw, "ENGINE\tVARIANT\tPINNED\tLOCAL NAME\tPROBED\tSIGNED BY\tTHIS NODE")
 		for _, p := range pins {
 			key := p.Key
 			if p.Previous {
 				key += " (previous)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", key, p.Variant, p.Ref, cmp.Or(p.Local, "-"), p.ProbedAt.Format(time.RFC3339), pinState(p))
+			signed := "-"
+			if p.Signed != nil {
+				signed = p.Signed.By
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", key, p.Variant, p.Ref, cmp.Or(p.Local, "-"), p.ProbedAt.Format(time.RFC3339), signed, pinState(p))
 		}
 		return tw.Flush()
 	})

@@ -30,6 +30,7 @@ func planCommand() *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: "print the plan as JSON"},
 			&cli.StringFlag{Name: "node-name", Usage: "also read the cluster's EngineOverrides for the Kubernetes Node `NAME`, as its agent does (node > group > cluster > the overrides file)"},
 			kubeconfigFlag(),
+			trustPolicyFlag(),
 		},
 		Action: runPlan,
 	}
@@ -70,12 +71,21 @@ func runPlan(c *cli.Context) error {
 		if cluster != nil && w.Override == "" {
 			cluster.annotate(c.App.ErrWriter, pl)
 		}
+		sigs := candidateSignatures(c.Context, s.verifier, pl)
 		if jsonOut(c) {
-			if err := writeJSON(c.App.Writer, pl); err != nil {
+			out := any(pl)
+			if sigs != nil {
+				out = struct {
+					*provision.Plan
+					Signatures []candidateSignature `json:"signatures"`
+				}{pl, sigs}
+			}
+			if err := writeJSON(c.App.Writer, out); err != nil {
 				return err
 			}
 		} else {
 			writePlan(c.App.Writer, pl)
+			writeSignatures(c.App.Writer, sigs)
 		}
 		switch pl.Outcome {
 		case images.OutcomeReady, provision.OutcomePinned:

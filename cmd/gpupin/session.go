@@ -14,6 +14,7 @@ import (
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
 	"github.com/gpupin/gpupin/registry"
+	"github.com/gpupin/gpupin/trust"
 )
 
 // session is what a command works with: node facts, containerd, and the
@@ -26,6 +27,8 @@ type session struct {
 	nodes     node.Reader
 	simulated bool // node facts from --node
 	opts      []provision.Option
+	// verifier is --trust-policy's, nil without it.
+	verifier *trust.Verifier
 }
 
 // containerdUse is how a command needs containerd.
@@ -114,6 +117,16 @@ func openSession(c *cli.Context, use containerdUse) (*session, error) {
 		return nil, err
 	}
 	s.opts = append(s.opts, flagged...)
+	if f := lineageString(c, "trust-policy"); f != "" {
+		pol, err := trust.Load(f)
+		if err != nil {
+			return nil, usageError("%v", err)
+		}
+		// Signatures come over the same TLS, hosts.toml and credentials
+		// as publish's reads of a registry.
+		s.verifier = &trust.Verifier{Policy: pol, Transport: policy.Transport(c.Context), Keychain: policy.Keychain()}
+		s.opts = append(s.opts, provision.WithVerifier(s.verifier))
+	}
 	if use == noContainerd {
 		return s, nil
 	}
