@@ -310,6 +310,9 @@ func BuildStatus(sts []provision.Status, facts *node.Facts, ch Choices, fileOv m
 			t := metav1.NewTime(st.Pin.ProbedAt)
 			es.ProvedAt = &t
 		}
+		if st.Pin != nil && st.Pin.Signed != nil {
+			es.SignedBy = clip(st.Pin.Signed.By, 512)
+		}
 		for _, r := range st.Rejected {
 			es.Rejections = append(es.Rejections, Rejection{Variant: r.Variant, Reason: r.Reason})
 		}

@@ -106,8 +106,11 @@ type EngineStatus struct {
 	Variant   string       `json:"variant,omitempty"`
 	Pinned    string       `json:"pinned,omitempty"`
 	ProvedAt  *metav1.Time `json:"provedAt,omitempty"`
-	Simulated bool         `json:"simulated,omitempty"`
-	Detail    string       `json:"detail,omitempty"`
+	// SignedBy is the key or keyless identity the trust policy verified
+	// on the pinned image before its pull; empty when none was required.
+	SignedBy  string `json:"signedBy,omitempty"`
+	Simulated bool   `json:"simulated,omitempty"`
+	Detail    string `json:"detail,omitempty"`
 	// LastFailure is the latest failure, kept while the engine is ready
 	// again until a newer one replaces it.
 	LastFailure *Failure    `json:"lastFailure,omitempty"`

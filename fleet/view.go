@@ -222,6 +222,9 @@ func cell(e EngineStatus) string {
 			s += " (" + e.Variant + " kept)"
 		}
 	}
+	if e.SignedBy != "" {
+		s += " signed by " + e.SignedBy
+	}
 	if e.Override != "" && e.Override != "auto" {
 		s += " [" + e.Override + "]"
 	}
