@@ -316,6 +316,12 @@ func BuildStatus(sts []provision.Status, facts *node.Facts, ch Choices, fileOv m
 		for _, r := range st.Rejected {
 			es.Rejections = append(es.Rejections, Rejection{Variant: r.Variant, Reason: r.Reason})
 		}
+		for _, a := range st.Attempts {
+			if a.Stage == "probe" {
+				es.ProbeFailed = append(es.ProbeFailed, Rejection{Variant: a.Variant, Reason: clip(a.Reason, 512)})
+			}
+		}
+		es.Canary = st.Canary
 		if st.State == provision.Failed {
 			lastFailure[st.Key] = &Failure{Reason: FailureReason(st), Message: clip(st.Detail, 1024), Variant: st.Attempted,
 				At: metav1.NewTime(st.At), Simulated: st.Simulated}

@@ -115,7 +115,13 @@ type EngineStatus struct {
 	// again until a newer one replaces it.
 	LastFailure *Failure    `json:"lastFailure,omitempty"`
 	Rejections  []Rejection `json:"rejections,omitempty"`
-	At          metav1.Time `json:"at"`
+	// ProbeFailed are the variants whose probe failed in the last
+	// provision, with why: what a GPU class's canary hands on.
+	ProbeFailed []Rejection `json:"probeFailed,omitempty"`
+	// Canary is the node of this one's GPU class whose verdict the
+	// provision waits on (state resolving) or followed.
+	Canary string      `json:"canary,omitempty"`
+	At     metav1.Time `json:"at"`
 }
 
 // Failure is a failed provision: Reason a short CamelCase class, Message

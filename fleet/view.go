@@ -225,6 +225,9 @@ func cell(e EngineStatus) string {
 	if e.SignedBy != "" {
 		s += " signed by " + e.SignedBy
 	}
+	if e.Canary != "" && e.State != "ready" && e.State != "failed" {
+		s += " (waits on canary " + e.Canary + ")"
+	}
 	if e.Override != "" && e.Override != "auto" {
 		s += " [" + e.Override + "]"
 	}

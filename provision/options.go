@@ -48,6 +48,7 @@ type config struct {
 	Prefetch        int64     // WithPrefetch (prefetch.go)
 	FetchGate       FetchGate // WithFetchGate (fetchgate.go)
 	Verifier        Verifier  // WithVerifier (verify.go)
+	Canary          Canary    // WithCanary (canary.go)
 	Logger          *slog.Logger
 }
 

@@ -248,9 +248,14 @@ func (st Status) planned(pl *Plan) (Status, bool) {
 // Auto and an operator's image fall back to the next; a forced variant
 // does not, nor does a cancelled provision or a key taken meanwhile.
 func (p *Provisioner) tryCandidates(ctx context.Context, st Status, pl *Plan, w want, pins []containerd.Pin) Status {
-	pf := p.prefetchFor(ctx, pl, pl.Node.Platform) // WithPrefetch; nil does nothing
+	cands, canaryDone := p.awaitCanary(ctx, &st, pl) // WithCanary; none: every candidate
+	// A canary hands its verdict on once its status is out, after this.
+	defer func() { go canaryDone() }()
+	tried := *pl
+	tried.Candidates = cands
+	pf := p.prefetchFor(ctx, &tried, pl.Node.Platform) // WithPrefetch; nil does nothing
 	defer pf.close()
-	for i, c := range pl.Candidates {
+	for i, c := range cands {
 		pin, verdict, attempt := p.try(pf.turn(ctx, i), &st, pl, c, w)
 		if attempt == nil {
 			st.Verdict = verdict

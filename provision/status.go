@@ -77,6 +77,9 @@ type Status struct {
 	// Cancelled is true when the caller's context ended the provision:
 	// the status answers nothing about the image.
 	Cancelled bool `json:"cancelled,omitempty"`
+	// Canary is the node of this one's GPU class whose verdict the
+	// provision waits on or followed (WithCanary).
+	Canary string `json:"canary,omitempty"`
 	// FromPin is true when an existing pin answered without the registry.
 	FromPin  bool          `json:"from_pin"`
 	Duration time.Duration `json:"duration_ns"`
