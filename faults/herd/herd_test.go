@@ -1,0 +1,182 @@
+// Package herd_test is the fault suite's rollout part: a herd of simulated
+// nodes (internal/herd), each its own containerd of the release under test
+// and a real Spegel v0.7.4 as its mirror through certs.d/hosts.toml, one
+// upstream registry that counts blob bytes, one kube-apiserver for the
+// fetch gate; every node's provisioner wants the same new engine image at
+// the same moment. In ./faults/..., so `make test` runs it against every
+// containerd release of the suite.
+package herd_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gpupin/gpupin/internal/herd"
+	"github.com/gpupin/gpupin/provision"
+)
+
+func TestMain(m *testing.M) { herd.Main(m) }
+
+const (
+	nodes     = 4
+	// 48 MiB of layers, in eight: the suite's time stays small, and a
+	// layer Spegel cannot hand over in time (its proxy gives up on a peer
+	// whose answer takes more than max(2x its usual, 100 ms), which a
+	// loaded 2-core machine reaches) costs an eighth of an image, not a
+	// third.
+	layers    = 8
+	layerSize = 6 << 20
+	lease     = 3 * time.Second
+	maxWait   = 60 * time.Second
+	// bound is the longest any node may take, its wait included: the
+	// gate's MaxWait plus a pull of its own after it. A node past it
+	// waited longer than the gate allows.
+	bound = maxWait + 30*time.Second
+	// slowLink is the upstream's rate per response in the fault cases,
+	// so that a fetch is still under way when the fault strikes (the
+	// three layers come in parallel: about 4 s for the image).
+	slowLink = 4 << 20
+)
+
+func start(t *testing.T) (*herd.Herd, string, int64) {
+	t.Helper()
+	h := herd.Start(t, herd.Options{Nodes: nodes, Gate: true, LeaseDuration: lease, MaxWait: maxWait})
+	ref, size, err := h.PublishEngine("vllm", layers, layerSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Upstream.ResetCount()
+	return h, ref, size
+}
+
+// check fails unless every node in want is pinned within the bound, and
+// logs the figures; it returns the images taken from upstream.
+func check(t *testing.T, h *herd.Herd, res []herd.Result, size int64, skip string) float64 {
+	t.Helper()
+	var last time.Duration
+	for _, r := range res {
+		if r.Node == skip {
+			continue
+		}
+		t.Logf("%s: %s in %s (%s); gate: %q", r.Node, r.Status.State, r.Duration.Round(time.Millisecond), r.Status.Detail, h.Node(r.Node).Notes())
+		if r.Status.State != provision.Ready || r.Status.Pinned == "" {
+			t.Errorf("%s: %s, want ready and pinned: %s (%v)", r.Node, r.Status.State, r.Status.Detail, r.Status.Err)
+		}
+		if r.Duration > bound {
+			t.Errorf("%s took %s, past the bound %s", r.Node, r.Duration, bound)
+		}
+		last = max(last, r.Duration)
+	}
+	images := float64(h.Upstream.BlobBytes()) / float64(size)
+	t.Logf("upstream served %.2f images (%d of %d bytes each), makespan %s", images, h.Upstream.BlobBytes(), size, last.Round(time.Millisecond))
+	return images
+}
+
+// samePin fails unless every node pinned one digest.
+func samePin(t *testing.T, res []herd.Result) {
+	t.Helper()
+	for _, r := range res[1:] {
+		if r.Status.Pinned != res[0].Status.Pinned {
+			t.Errorf("%s pinned %s, %s pinned %s", r.Node, r.Status.Pinned, res[0].Node, res[0].Status.Pinned)
+		}
+	}
+}
+
+// TestHerdSimulatedOneFetch: four nodes want one new image at once; the
+// gate lets one fetch it from upstream and the rest pull it through their
+// Spegel, which has it from that node: about one image leaves upstream.
+func TestHerdSimulatedOneFetch(t *testing.T) {
+	h, ref, size := start(t)
+	res := h.ProvisionAll(provision.Want{Ref: ref}, nil)
+	images := check(t, h, res, size, "")
+	samePin(t, res)
+	if images > 1.25 {
+		t.Errorf("upstream served %.2f images for %d nodes, want at most 1.25", images, nodes)
+	}
+}
+
+// waitFetcher waits for a node to hold a fetch lease and for the upstream
+// to have served some of the image (its pull is under way), and returns
+// that node.
+func waitFetcher(t *testing.T, h *herd.Herd, size int64) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		node, _, err := h.Fetcher(context.Background())
+		if err != nil {
+			t.Logf("fetcher: %v", err)
+		}
+		if got := h.Upstream.BlobBytes(); node != "" && got > size/8 && got < size*3/4 {
+			return node
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("no node was seen fetching within 30s (upstream served %d bytes)", h.Upstream.BlobBytes())
+	return ""
+}
+
+// TestHerdSimulatedFetcherKilled: the fetching node dies mid-pull (its
+// provisioner stops, so its lease is no longer renewed, and its Spegel is
+// killed). Another node takes the lease within its duration and fetches;
+// the others pull through their mirrors; the dead node, back, pins too.
+func TestHerdSimulatedFetcherKilled(t *testing.T) {
+	h, ref, size := start(t)
+	h.Upstream.SetRate(slowLink)
+	ctxs := make([]context.Context, nodes)
+	cancels := make([]context.CancelFunc, nodes)
+	for i := range ctxs {
+		ctxs[i], cancels[i] = context.WithCancel(context.Background())
+		defer cancels[i]()
+	}
+	killed := make(chan string, 1)
+	go func() {
+		name := waitFetcher(t, h, size)
+		n := h.Node(name)
+		cancels[n.Index]()
+		n.Spegel.Kill()
+		killed <- name
+	}()
+	res := h.ProvisionAll(provision.Want{Ref: ref}, func(i int) context.Context { return ctxs[i] })
+	dead := <-killed
+	t.Logf("killed %s mid-pull", dead)
+	h.Upstream.SetRate(0)
+	images := check(t, h, res, size, dead)
+	if images > 2.25 {
+		t.Errorf("upstream served %.2f images: want the dead node's part and about one more", images)
+	}
+	// The node comes back (its Spegel too) and provisions again.
+	n := h.Node(dead)
+	if err := n.Spegel.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	st := n.Prov.Provision(context.Background(), provision.Want{Ref: ref})
+	res[n.Index] = herd.Result{Node: dead, Status: st, Duration: time.Since(t0)}
+	check(t, h, res, size, "")
+	samePin(t, res)
+}
+
+// TestHerdSimulatedMirrorKilled: the fetching node's Spegel dies while the
+// others wait for it. The fetch goes on; the waiters, told it is done,
+// find no peer that serves the image and fall back to upstream: every
+// node pins, none waits past the bound, and at worst each node takes one
+// image from upstream (what a fleet without the gate pays).
+func TestHerdSimulatedMirrorKilled(t *testing.T) {
+	h, ref, size := start(t)
+	h.Upstream.SetRate(slowLink)
+	killed := make(chan string, 1)
+	go func() {
+		name := waitFetcher(t, h, size)
+		h.Node(name).Spegel.Kill()
+		killed <- name
+	}()
+	res := h.ProvisionAll(provision.Want{Ref: ref}, nil)
+	t.Logf("killed %s's spegel while it fetched", <-killed)
+	images := check(t, h, res, size, "")
+	samePin(t, res)
+	if limit := float64(nodes) + 0.25; images > limit {
+		t.Errorf("upstream served %.2f images, more than one per node (%.2f)", images, limit)
+	}
+}
+
