@@ -47,7 +47,7 @@ type reg struct {
 	wrap func(w http.ResponseWriter, r *http.Request) bool // true: handled
 }
 
-func newReg(t *testing.T) *reg {
+func newReg(t testing.TB) *reg {
 	t.Helper()
 	g := &reg{}
 	inner := registry.New(registry.WithReferrersSupport(true), registry.Logger(nopLogger()))
@@ -63,7 +63,7 @@ func newReg(t *testing.T) *reg {
 }
 
 // push writes a random image and returns its repo@digest.
-func (g *reg) push(t *testing.T, repo string) name.Digest {
+func (g *reg) push(t testing.TB, repo string) name.Digest {
 	t.Helper()
 	img, err := random.Image(256, 1)
 	if err != nil {
@@ -85,7 +85,7 @@ type keyPair struct {
 	pubFile string
 }
 
-func newKey(t *testing.T, dir, file string) keyPair {
+func newKey(t testing.TB, dir, file string) keyPair {
 	t.Helper()
 	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -105,7 +105,7 @@ func newKey(t *testing.T, dir, file string) keyPair {
 // signClassic writes cosign's classic signature of `over` into the
 // sha256-<hex>.sig tag of `at`, as cosign sign --key does; mangle may
 // change the base64 signature.
-func signClassic(t *testing.T, k keyPair, at, over name.Digest, mangle func(string) string) {
+func signClassic(t testing.TB, k keyPair, at, over name.Digest, mangle func(string) string) {
 	t.Helper()
 	body, err := json.Marshal(payload.Cosign{Image: over})
 	if err != nil {
@@ -136,7 +136,7 @@ func signClassic(t *testing.T, k keyPair, at, over name.Digest, mangle func(stri
 }
 
 // pushBundleReferrer writes body as a Sigstore bundle referrer of at.
-func pushBundleReferrer(t *testing.T, at name.Digest, body []byte) {
+func pushBundleReferrer(t testing.TB, at name.Digest, body []byte) {
 	t.Helper()
 	desc, err := remote.Head(at)
 	if err != nil {
@@ -175,7 +175,7 @@ type rawManifest struct {
 func (r rawManifest) RawManifest() ([]byte, error)        { return r.b, nil }
 func (r rawManifest) MediaType() (types.MediaType, error) { return r.mt, nil }
 
-func policy(t *testing.T, dir, text string) *trust.Policy {
+func policy(t testing.TB, dir, text string) *trust.Policy {
 	t.Helper()
 	p := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
@@ -314,7 +314,7 @@ func TestVerifyOff(t *testing.T) {
 
 // virtualRoot writes a VirtualSigstore's trusted root as the JSON file a
 // node keeps offline.
-func virtualRoot(t *testing.T, dir string) (*ca.VirtualSigstore, string) {
+func virtualRoot(t testing.TB, dir string) (*ca.VirtualSigstore, string) {
 	t.Helper()
 	vs, err := ca.NewVirtualSigstore()
 	if err != nil {
