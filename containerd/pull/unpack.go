@@ -586,7 +586,8 @@ func (u *unpacker) prepare(ctx context.Context, sn snapshots.Snapshotter, l *lay
 // the label: the same ingest reference, so an interrupted download
 // resumes (and is then not streamed).
 func (u *unpacker) fetch(ctx context.Context, cs content.Store, fetcher remotes.Fetcher, desc ocispec.Descriptor, s *stream) error {
-	cw, err := content.OpenWriter(ctx, cs, content.WithRef(remotes.MakeRefKey(ctx, desc)), content.WithDescriptor(desc))
+	ref := remotes.MakeRefKey(ctx, desc)
+	cw, err := content.OpenWriter(ctx, cs, content.WithRef(ref), content.WithDescriptor(desc))
 	if err != nil {
 		if errdefs.IsAlreadyExists(err) {
 			if s != nil {
@@ -616,19 +617,11 @@ func (u *unpacker) fetch(ctx context.Context, cs content.Store, fetcher remotes.
 		}
 		return nil
 	}
-	rc, err := fetcher.Fetch(ctx, desc)
-	if err != nil {
-		return fmt.Errorf("layer %s: %w", desc.Digest, err)
-	}
-	defer rc.Close()
-	var r io.Reader = rc
+	var tee func(io.Reader) io.Reader
 	if s != nil {
-		r = newTee(rc, s)
+		tee = func(r io.Reader) io.Reader { return newTee(r, s) }
 	}
-	if err := content.Copy(ctx, cw, r, desc.Size, desc.Digest, u.source.commitOpts()...); err != nil {
-		return fmt.Errorf("blob %s: %w", desc.Digest, err)
-	}
-	return nil
+	return copyResuming(ctx, cs, ref, cw, func() (io.ReadCloser, error) { return fetcher.Fetch(ctx, desc) }, tee, desc, u.source.commitOpts()...)
 }
 
 // checkLayerDesc refuses a layer whose manifest gives it no size: nothing
