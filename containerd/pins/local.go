@@ -4,12 +4,17 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"regexp"
+	"sort"
 	"strings"
 
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/errdefs"
 	"github.com/distribution/reference"
 
+	"github.com/gpupin/gpupin/containerd/conn"
 	"github.com/gpupin/gpupin/registry"
 )
 
@@ -155,4 +160,134 @@ func (r *Store) LocalNames(ctx context.Context) (LocalNames, error) {
 		"gpupin replaces or removes a record of a local name it did not write on its next sweep",
 		m.File, strings.Join(m.Hosts, ", "), host, r.localPrefix, re, r.localPrefix)
 	return ln, nil
+}
+
+// localLabels are the labels of a local-name record of the pin cur.
+func localLabels(key string, cur images.Image) map[string]string {
+	return map[string]string{LabelLocal: key, LabelLocalPin: cur.Name, conn.LabelManaged: "true", conn.LabelCreated: "true",
+		LabelCRIPinned: "pinned", LabelVariant: cur.Labels[LabelVariant]}
+}
+
+var localLabelKeys = []string{LabelLocal, LabelLocalPin, conn.LabelManaged, conn.LabelCreated, LabelCRIPinned, LabelVariant}
+
+func sameLabels(have, want map[string]string) bool {
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// strayKey gathers the records under the prefix that are no key's local
+// name: nothing gpupin writes has such a name, so they are removed.
+const strayKey = ""
+
+// localNameKey is the key whose local name (under this store's prefix)
+// is name: one of the keys known, or the ENGINE:VERSION the name spells;
+// strayKey when none.
+func (r *Store) localNameKey(name string, known map[string]*keyState) string {
+	for k := range known {
+		if k != strayKey && r.LocalName(k) == name {
+			return k
+		}
+	}
+	rest := strings.TrimPrefix(name, r.localPrefix+"/")
+	if i := strings.LastIndex(rest, ":"); i > 0 && !strings.Contains(rest, "@") {
+		if k := rest[:i] + ":" + rest[i+1:]; r.LocalName(k) == name {
+			return k
+		}
+	}
+	return strayKey
+}
+
+// localNames maps each key to the local names that point at its pin,
+// this store's own prefix first.
+func (r *Store) localNames(ctx context.Context) (map[string][]images.Image, error) {
+	imgs, err := r.conn.Client.ImageService().List(ctx, fmt.Sprintf(`labels.%q`, LabelLocal))
+	if err != nil {
+		return nil, fmt.Errorf("list local names: %w", err)
+	}
+	out := map[string][]images.Image{}
+	for _, img := range imgs {
+		k := img.Labels[LabelLocal]
+		out[k] = append(out[k], img)
+	}
+	for k, v := range out {
+		own := r.LocalName(k)
+		sort.SliceStable(v, func(i, j int) bool { return v[i].Name == own && v[j].Name != own })
+		out[k] = v
+	}
+	return out, nil
+}
+
+// keepLocal carries out steps (planKeepLocal) that point the key's local
+// names at its pin, stopping at the first that fails.
+func (r *Store) keepLocal(ctx context.Context, key string, steps []localStep) ([]Recovered, error) {
+	var out []Recovered
+	for _, st := range steps {
+		done, err := r.applyLocal(ctx, st)
+		if err != nil {
+			return out, fmt.Errorf("pin %s: %w", key, err)
+		}
+		out = append(out, done)
+	}
+	return out, nil
+}
+
+// applyLocal carries out one local-name step and says what was done:
+// st.done, unless the daemon's answer made it more.
+func (r *Store) applyLocal(ctx context.Context, st localStep) (Recovered, error) {
+	is := r.conn.Client.ImageService()
+	l := st.rec
+	switch st.op {
+	case localMove, localReplace:
+		paths := append([]string{"target"}, labelPaths(localLabelKeys)...)
+		if st.op == localReplace {
+			paths = []string{"target", "labels"}
+		}
+		if _, err := is.Update(ctx, l, paths...); err != nil {
+			return st.done, fmt.Errorf("move the local name %s: %w", l.Name, err)
+		}
+	case localCreate:
+		_, err := is.Create(ctx, l)
+		if errdefs.IsAlreadyExists(err) {
+			// A record of that name made since the key's records were read,
+			// not by gpupin: the name is under gpupin's prefix, so it is
+			// taken over.
+			st.done = actForeign.report(st.done.Key, l.Name, l.Name+" appeared, not written by gpupin: replaced by this node's own, on "+l.Labels[LabelLocalPin])
+			_, err = is.Update(ctx, l, "target", "labels")
+		}
+		if err != nil {
+			return st.done, fmt.Errorf("make the local name %s: %w", l.Name, err)
+		}
+	case localDelete:
+		if err := is.Delete(ctx, l.Name); err != nil && !errdefs.IsNotFound(err) {
+			return st.done, fmt.Errorf("remove the local name %s: %w", l.Name, err)
+		}
+	case localUnlabel:
+		l.Labels = nil
+		if _, err := is.Update(ctx, l, labelPaths(localLabelKeys)...); err != nil && !errdefs.IsNotFound(err) {
+			return st.done, fmt.Errorf("take gpupin's labels off %s: %w", l.Name, err)
+		}
+	default:
+		return st.done, fmt.Errorf("local name %s: no such step (%s)", l.Name, st.op)
+	}
+	return st.done, nil
+}
+
+// removeStrays removes the records under the prefix that are no key's
+// local name (a name gpupin never writes, pulled or made by hand).
+func (r *Store) removeStrays(ctx context.Context, strays []images.Image) (out []Recovered, err error) {
+	defer func() { r.reportForeign(out) }()
+	var errs []error
+	for _, l := range strays {
+		if err := r.conn.Client.ImageService().Delete(ctx, l.Name); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("remove %s: %w", l.Name, err))
+			continue
+		}
+		out = append(out, actForeign.report("", l.Name, fmt.Sprintf(
+			"%s, on %s, is under gpupin's local prefix but is no local name gpupin writes (a pull of the name, or made by hand): removed", l.Name, l.Target.Digest)))
+	}
+	return out, errors.Join(errs...)
 }

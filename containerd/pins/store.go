@@ -4,9 +4,13 @@
 // Start with Store.SetPin and Store.Pins (pin.go). Around them: the pin
 // lock that serialises one key's steps across processes (pinlock.go);
 // Recover, which puts back pins other clients of containerd took and keeps
-// each pin's proof, lease and local name in step (recover.go); the
-// node-local names (local.go); whether kubelet's image GC keeps pins
-// (cri.go); and the cleanup after gpupin: Sweep (sweep.go) and GC (gc.go).
+// each pin's proof, lease and local name in step (recover.go), and reads,
+// decides and acts in files of their own: the proof's encoding (proof.go),
+// what containerd holds for a key (state.go), the decisions over those
+// values, which call nothing (decide.go), and the repairs (repair.go); the
+// node-local names and their upkeep (local.go); whether kubelet's image GC
+// keeps pins (cri.go); and the cleanup after gpupin: Sweep (sweep.go) and
+// GC (gc.go).
 package pins
 
 import (
