@@ -93,6 +93,11 @@ func setupLogging(c *cli.Context) error {
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
 		return cli.Exit(fmt.Sprintf("--log-level %q: want debug, info, warn or error", c.String("log-level")), exitUsage)
 	}
+	// GPUPIN_UNPACK_TRACE (docs/benchmarks.md) asks for the pull's trace of
+	// each layer, which the pull logs at debug level.
+	if os.Getenv("GPUPIN_UNPACK_TRACE") != "" && level > slog.LevelDebug {
+		level = slog.LevelDebug
+	}
 	opts := &slog.HandlerOptions{Level: level}
 	var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
 	if c.String("log-format") == "json" {

@@ -65,7 +65,7 @@ func (u *unpacker) rehome(ctx context.Context, sn snapshots.Snapshotter, l *laye
 	}
 	// Nothing was moved: the layer's files stay where they were, and
 	// the daemon applies it onto its parent, as containerd would.
-	tracef("layer %d: not moved onto its parent (%v); the daemon applies it", l.i, err)
+	trace(ctx, l, "not moved onto its parent; the daemon applies it", "err", err)
 	slog.WarnContext(ctx, "move an extracted layer onto its parent; the daemon applies it", "layer", l.desc.Digest, "err", err)
 	fallbacks.Add(1)
 	u.stored.Store(true) // the next moves would fail too: their blobs are stored

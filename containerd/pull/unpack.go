@@ -388,9 +388,9 @@ func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs 
 				return
 			}
 			defer dlSem.Release(1)
-			tracef("layer %d fetch start", l.i)
+			trace(ctx, l, "fetch start")
 			l.fetchErr = u.fetchLayer(ctx, cs, fetcher, l)
-			tracef("layer %d fetched (%v)", l.i, l.fetchErr)
+			trace(ctx, l, "fetched", "err", l.fetchErr)
 			if l.stream != nil {
 				l.stream.finish(l.fetchErr)
 			}
@@ -466,7 +466,7 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 			release := sync.OnceFunc(func() { exSem.Release(1) })
 			defer release()
 			l.err = u.extract(ctx, l, l.i > 0, release)
-			tracef("layer %d extracted (%v)", l.i, l.err)
+			trace(ctx, l, "extracted", "err", l.err)
 		}()
 	}
 	for _, l := range layers {
@@ -489,7 +489,7 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 			if err := l.implicit.copyParentAttrs(parents); err != nil {
 				return fmt.Errorf("layer %d (%s): %w", l.i, l.desc.Digest, err)
 			}
-			tracef("layer %d: %d directories it does not name given their parents' attributes in %s", l.i, len(l.implicit.dirs), time.Since(start))
+			trace(ctx, l, "directories it does not name given their parents' attributes", "dirs", len(l.implicit.dirs), "took", time.Since(start))
 		}
 		if u.strategy.rehome && l.parent != "" && !l.exists {
 			if err := u.rehome(ctx, sn, l); err != nil {
@@ -500,7 +500,7 @@ func (u *unpacker) unpackParallel(ctx context.Context, wg *sync.WaitGroup, sn sn
 			return err
 		}
 		close(l.committed)
-		tracef("layer %d committed", l.i)
+		trace(ctx, l, "committed")
 	}
 	return u.finish(ctx, config, layers)
 }
@@ -672,7 +672,7 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool, re
 			// applies the layer from the verified content, as containerd
 			// would. Bytes that are wrong fail there too, with the
 			// daemon's reason.
-			tracef("layer %d: extraction here failed (%v); the daemon applies it", l.i, err)
+			trace(ctx, l, "extraction here failed; the daemon applies it", "err", err)
 			l.implicit = nil
 			if !errors.Is(err, errDetached) { // a blob found in the store is applied from there, as it should be
 				fallbacks.Add(1)
@@ -796,12 +796,4 @@ func (u *unpacker) finish(ctx context.Context, config ocispec.Descriptor, layers
 		return fmt.Errorf("label config %s: %w", config.Digest, err)
 	}
 	return nil
-}
-
-var traceStart = time.Now()
-
-func tracef(format string, args ...any) {
-	if os.Getenv("GPUPIN_UNPACK_TRACE") != "" {
-		fmt.Fprintf(os.Stderr, "%6.2fs unpack: "+format+"\n", append([]any{time.Since(traceStart).Seconds()}, args...)...)
-	}
 }
