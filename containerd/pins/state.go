@@ -30,8 +30,38 @@ type keyState struct {
 	marked map[string]images.Image
 }
 
-// keyStates reads what containerd holds for every key, or for one.
+// keyStates reads what containerd holds for every key, or for one: the
+// records labelled with a key, the records named under the prefix, and
+// the pin leases with the proofs on what they hold.
 func (r *Store) keyStates(ctx context.Context, only string) (map[string]*keyState, error) {
+	states := stateByKey{}
+	if err := r.readLabelled(ctx, only, states); err != nil {
+		return nil, err
+	}
+	if err := r.readNamed(ctx, only, states); err != nil {
+		return nil, err
+	}
+	if err := r.readProofs(ctx, only, states); err != nil {
+		return nil, err
+	}
+	return states, nil
+}
+
+// stateByKey holds the keys' states as they are read.
+type stateByKey map[string]*keyState
+
+func (m stateByKey) of(key string) *keyState {
+	s := m[key]
+	if s == nil {
+		s = &keyState{}
+		m[key] = s
+	}
+	return s
+}
+
+// readLabelled reads the records labelled with a key (only, or any):
+// its pins (io.gpupin.pin) and its local names (io.gpupin.local).
+func (r *Store) readLabelled(ctx context.Context, only string, states stateByKey) error {
 	is := r.conn.Client.ImageService()
 	filter := func(label string) string {
 		if only != "" {
@@ -39,54 +69,52 @@ func (r *Store) keyStates(ctx context.Context, only string) (map[string]*keyStat
 		}
 		return fmt.Sprintf(`labels.%q`, label)
 	}
-	states := map[string]*keyState{}
-	state := func(key string) *keyState {
-		s := states[key]
-		if s == nil {
-			s = &keyState{}
-			states[key] = s
-		}
-		return s
-	}
 	pins, err := is.List(ctx, filter(LabelPin))
 	if err != nil {
-		return nil, fmt.Errorf("list pins: %w", err)
+		return fmt.Errorf("list pins: %w", err)
 	}
 	for _, img := range pins {
-		s := state(img.Labels[LabelPin])
+		s := states.of(img.Labels[LabelPin])
 		s.pins = append(s.pins, img)
 	}
 	locals, err := is.List(ctx, filter(LabelLocal))
 	if err != nil {
-		return nil, fmt.Errorf("list local names: %w", err)
+		return fmt.Errorf("list local names: %w", err)
 	}
 	for _, img := range locals {
-		s := state(img.Labels[LabelLocal])
+		s := states.of(img.Labels[LabelLocal])
 		s.locals = append(s.locals, img)
 	}
-	// A record under the prefix that carries no io.gpupin.local label is
-	// nobody's local name, yet pods that name it run it: a pull of the
-	// name (through a peer-to-peer mirror that serves another node's
-	// record), ctr tag. It joins the key whose name it has, or the strays.
+	return nil
+}
+
+// readNamed reads the records under the prefix that carry no
+// io.gpupin.local label: nobody's local name, yet pods that name it run
+// it (a pull of the name, through a peer-to-peer mirror that serves
+// another node's record; ctr tag). Each joins the key whose name it has,
+// or the strays. Run after readLabelled, whose keys it knows.
+func (r *Store) readNamed(ctx context.Context, only string, states stateByKey) error {
+	is := r.conn.Client.ImageService()
 	var named []images.Image
 	if only != "" {
 		img, err := is.Get(ctx, r.LocalName(only))
 		if err != nil && !errdefs.IsNotFound(err) {
-			return nil, fmt.Errorf("get the local name of %s: %w", only, err)
+			return fmt.Errorf("get the local name of %s: %w", only, err)
 		}
 		if err == nil {
 			named = append(named, img)
 		}
 	} else {
+		var err error
 		named, err = is.List(ctx, fmt.Sprintf("name~=%q", "^"+regexp.QuoteMeta(r.localPrefix+"/")))
 		if err != nil {
-			return nil, fmt.Errorf("list records under %s/: %w", r.localPrefix, err)
+			return fmt.Errorf("list records under %s/: %w", r.localPrefix, err)
 		}
 	}
 	for _, img := range named {
 		l := img.Labels
 		if l[LabelLocal] != "" {
-			continue // listed above
+			continue // read by readLabelled
 		}
 		key := only
 		if key == "" {
@@ -97,9 +125,15 @@ func (r *Store) keyStates(ctx context.Context, only string) (map[string]*keyStat
 			// under the prefix), never a local name: not a stray.
 			continue
 		}
-		s := state(key)
+		s := states.of(key)
 		s.locals = append(s.locals, img)
 	}
+	return nil
+}
+
+// readProofs reads the pin leases (of only, or every key) and the proof
+// label on each manifest they hold.
+func (r *Store) readProofs(ctx context.Context, only string, states stateByKey) error {
 	ls := r.conn.Client.LeasesService()
 	lf := fmt.Sprintf(`labels.%q==%q`, conn.LabelRole, PinLeaseRole)
 	if only != "" {
@@ -107,7 +141,7 @@ func (r *Store) keyStates(ctx context.Context, only string) (map[string]*keyStat
 	}
 	held, err := ls.List(ctx, lf)
 	if err != nil {
-		return nil, fmt.Errorf("list pin leases: %w", err)
+		return fmt.Errorf("list pin leases: %w", err)
 	}
 	cs := r.conn.Client.ContentStore()
 	for _, l := range held {
@@ -115,11 +149,11 @@ func (r *Store) keyStates(ctx context.Context, only string) (map[string]*keyStat
 		if key == "" || l.ID != pinLeaseID(key) {
 			continue // not one of ours, whatever its labels say
 		}
-		s := state(key)
+		s := states.of(key)
 		s.lease = true
 		res, err := ls.ListResources(ctx, l)
 		if err != nil {
-			return nil, fmt.Errorf("resources of lease %s: %w", l.ID, err)
+			return fmt.Errorf("resources of lease %s: %w", l.ID, err)
 		}
 		for _, rs := range res {
 			if rs.Type != "content" {
@@ -128,12 +162,12 @@ func (r *Store) keyStates(ctx context.Context, only string) (map[string]*keyStat
 			on := digest.Digest(rs.ID)
 			info, err := cs.Info(ctx, on)
 			if err != nil && !errdefs.IsNotFound(err) {
-				return nil, fmt.Errorf("content %s: %w", rs.ID, err)
+				return fmt.Errorf("content %s: %w", rs.ID, err)
 			}
 			s.proofs = append(s.proofs, decodeProof(on, info.Labels[proofLabel(key)]))
 		}
 	}
-	return states, nil
+	return nil
 }
 
 // readMarked reads into s.marked the records the markers of s's local
