@@ -2,15 +2,20 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strings"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpupin/gpupin/build"
+	"github.com/gpupin/gpupin/registry"
+	"github.com/gpupin/gpupin/trust"
 )
 
 func init() { register(publishCommand) }
@@ -40,14 +45,15 @@ func publishCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "publish",
 		Usage:     "publish per-variant images as one tag: an OCI index with gpupin's metadata, plus an alias tag per variant",
-		UsageText: "gpupin publish --tag REPO:VERSION --variant cu13=REF --variant cu129=REF [--engine vllm] [--archs cu13=7.5,8.0,9.0+PTX] [--annotation k=v]... [--dry-run] [--json]",
+		UsageText: "gpupin publish --tag REPO:VERSION --variant cu13=REF --variant cu129=REF [--engine vllm] [--archs cu13=7.5,8.0,9.0+PTX] [--annotation k=v]... [--sign-key cosign.key] [--dry-run] [--json]",
 		Description: "Each variant image (single- or multi-platform) is checked against its own config: a cuNN variant " +
 			"must have CUDA_VERSION NN.x, cuNNM NN.M. The index lists the lowest CUDA first, so a plain pull of the tag " +
 			"gets the variant that runs on the oldest driver. Children are pushed by digest, then the alias tags " +
 			"VERSION-VARIANT, then the tag; a failure before the tag leaves it as it was. A variant missing a platform " +
 			"another variant has is refused unless --allow-partial-platforms. Registries are reached as nodes reach them: " +
 			"--hosts-dir (certs.d: CA, client certificates, skip_verify), plain HTTP only for loopback and --insecure-registry, " +
-			"the Docker config's credentials.",
+			"the Docker config's credentials. With --sign-key, every manifest written (the variants', the aliases', the index) " +
+			"is then signed as cosign sign --key does; a signature that cannot be made or pushed fails the publish.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "tag", Aliases: []string{"t"}, Usage: "`REPO:VERSION` to publish (required)"},
 			&cli.GenericFlag{Name: "variant", Value: &listValue{}, Usage: "`NAME=REF` of a variant image; repeat, in preference order for ties"},
@@ -56,7 +62,8 @@ func publishCommand() *cli.Command {
 			&cli.GenericFlag{Name: "annotation", Value: &listValue{}, Usage: "`KEY=VALUE` added to the index and every entry; repeatable"},
 			&cli.BoolFlag{Name: "allow-partial-platforms", Usage: "publish, with a warning, when a variant lacks a platform another has"},
 			&cli.StringFlag{Name: "compression", Usage: "re-encode every variant's layers as `zstd` (nodes decompress it several times faster than gzip; containerd ≥ 1.5 reads it) or gzip; default: as the source has them"},
-			&cli.BoolFlag{Name: "dry-run", Usage: "print the index that would be pushed; push nothing"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "print the index that would be pushed; push nothing (--sign-key is loaded, nothing signed)"},
+			signKeyFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
 		},
 		Action: runPublish,
@@ -72,10 +79,11 @@ func runPublish(c *cli.Context) error {
 	if c.String("tag") == "" {
 		return usageError("--tag REPO:VERSION is required")
 	}
+	policy := registryPolicy(c)
 	opts := build.PublishOptions{
 		Tag:                   c.String("tag"),
 		Engine:                c.String("engine"),
-		Registry:              registryPolicy(c),
+		Registry:              policy,
 		DryRun:                c.Bool("dry-run"),
 		AllowPartialPlatforms: c.Bool("allow-partial-platforms"),
 	}
@@ -111,6 +119,10 @@ func runPublish(c *cli.Context) error {
 		return usageError("%v", err)
 	}
 	opts.Annotations = ann
+	signer, err := publishSigner(c, policy, "publish "+opts.Tag)
+	if err != nil {
+		return err
+	}
 	res, err := build.Publish(c.Context, opts)
 	if err != nil {
 		return err
@@ -118,14 +130,101 @@ func runPublish(c *cli.Context) error {
 	for _, w := range res.Warnings {
 		fmt.Fprintln(os.Stderr, "gpupin: warning:", w)
 	}
+	var sigs []trust.Signed
+	if signer != nil && !opts.DryRun {
+		if sigs, err = signPublished(c.Context, signer, res); err != nil {
+			return err
+		}
+	}
 	switch {
 	case jsonOut(c):
-		return writeJSON(c.App.Writer, res)
+		return writeJSON(c.App.Writer, signedResult{Result: res, Signatures: sigs})
 	case opts.DryRun:
+		if signer != nil {
+			fmt.Fprintf(os.Stderr, "gpupin: dry run: signing %s loaded, nothing signed\n", signer.Key.Name)
+		}
 		return printIndex(c.App.Writer, res.Index)
 	}
 	printPublished(c.App.Writer, res)
+	printSigned(c.App.Writer, sigs)
 	return nil
+}
+
+// signedResult is publish's JSON: the publish, and its signatures when
+// --sign-key was given.
+type signedResult struct {
+	*build.Result
+	Signatures []trust.Signed `json:"signatures,omitempty"`
+}
+
+// publishSigner loads --sign-key before anything is pushed, so a missing
+// file, a damaged key or a wrong COSIGN_PASSWORD costs no push and leaves
+// the tag as it was. Signatures go through the registry policy the
+// publish pushes by. nil, nil: no --sign-key.
+func publishSigner(c *cli.Context, policy *registry.Policy, what string) (*trust.Signer, error) {
+	path := c.String("sign-key")
+	if path == "" {
+		return nil, nil
+	}
+	key, err := trust.LoadSignKeyFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: nothing pushed: %w", what, err)
+	}
+	return &trust.Signer{Key: key, Transport: policy.Transport(c.Context), Keychain: policy.Keychain()}, nil
+}
+
+// signPublished signs, by digest, every manifest a publish wrote: each
+// entry's (the variant manifests nodes choose, and verify), each alias
+// index and the index (what cosign verify of the tag or an alias checks,
+// and what a node passing the index digest may find signed). The tag is
+// already there: until the last signature lands, nodes whose policy
+// requires one refuse it, which fails closed; a rerun signs what is left
+// and adds nothing where this key's signature is already.
+func signPublished(ctx context.Context, s *trust.Signer, res *build.Result) ([]trust.Signed, error) {
+	tag, err := name.NewTag(res.Tag)
+	if err != nil {
+		return nil, fmt.Errorf("sign %s: %w", res.Tag, err)
+	}
+	var digests []string
+	seen := map[string]bool{}
+	add := func(d string) {
+		if d != "" && !seen[d] {
+			seen[d] = true
+			digests = append(digests, d)
+		}
+	}
+	for _, e := range res.Entries {
+		add(e.Digest)
+	}
+	aliases := make([]string, 0, len(res.Aliases))
+	for a := range res.Aliases {
+		aliases = append(aliases, a)
+	}
+	sort.Strings(aliases)
+	for _, a := range aliases {
+		add(res.Aliases[a])
+	}
+	add(res.Digest)
+	out := make([]trust.Signed, 0, len(digests))
+	for _, d := range digests {
+		sg, err := s.Sign(ctx, tag.Context().Digest(d))
+		if err != nil {
+			return out, fmt.Errorf("publish %s: pushed %s, but signing failed after %d of %d signatures (the tag is there; nodes whose policy requires a signature refuse it until a rerun signs it): %w", res.Tag, res.Digest, len(out), len(digests), err)
+		}
+		out = append(out, sg)
+	}
+	return out, nil
+}
+
+func printSigned(w io.Writer, sigs []trust.Signed) {
+	for _, s := range sigs {
+		note := ""
+		if s.Already {
+			note = ", already signed"
+		}
+		_, d, _ := strings.Cut(s.Ref, "@")
+		fmt.Fprintf(w, "  signed %s in %s (%d signature(s)%s)\n", d, s.Tag, s.Signatures, note)
+	}
 }
 
 func parseAnnotations(list []string) (map[string]string, error) {
@@ -165,4 +264,10 @@ func printPublished(w io.Writer, res *build.Result) {
 			fmt.Fprintf(w, "  alias %s@%s\n", a, res.Aliases[a])
 		}
 	}
+}
+
+// signKeyFlag is publish's and build's --sign-key: CI signs what it pushes
+// with the cosign key whose public half the nodes' policy lists.
+func signKeyFlag() cli.Flag {
+	return &cli.StringFlag{Name: "sign-key", EnvVars: []string{"GPUPIN_SIGN_KEY"}, Usage: "sign what is pushed with this cosign private key `FILE` (cosign generate-key-pair's; its password from COSIGN_PASSWORD): cosign's classic sha256-<hex>.sig signature over every variant manifest, every alias index and the index, which cosign verify --key and a --trust-policy naming the public key accept"}
 }
