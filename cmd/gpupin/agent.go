@@ -47,7 +47,7 @@ func agentCommand() *cli.Command {
 				Usage: "with --node-name: also read the wants from the ConfigMap `NAMESPACE/NAME` (key agent.yaml) through the API, applied on change rather than on kubelet's volume sync"},
 			&cli.StringFlag{Name: "fleet-cache", Value: fleet.DefaultCachePath,
 				Usage: "where the last cluster choices are kept, for a restart while the API is down"},
-		}, append(provisionFlags(), fetchFlags()...)...), gpuFlags()...), runtimeFlags()...),
+		}, append(append(provisionFlags(), fetchFlags()...), canaryFlags()...)...), gpuFlags()...), runtimeFlags()...),
 		Action: runAgent,
 	}
 }
@@ -79,6 +79,17 @@ func runAgent(c *cli.Context) error {
 			}
 			if gate != nil {
 				s.opts = append(s.opts, provision.WithFetchGate(gate))
+			}
+			// A new version is proved by one node of each GPU class
+			// before the class's others try it: a variant that fails
+			// its probe there costs one node's attempt, not the
+			// class's.
+			cn, err := newCanary(c, cfg, name)
+			if err != nil {
+				return err
+			}
+			if cn != nil {
+				s.opts = append(s.opts, provision.WithCanary(cn))
 			}
 			lopts.OnChange = fn.StatusChanged
 			// Before the loop's first pass: a restarted agent provisions

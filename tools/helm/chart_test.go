@@ -472,6 +472,39 @@ fleet: {fetch: {concurrency: 0}}
 			},
 		},
 		{
+			name: "canary policy",
+			values: `
+fleet: {canary: {leaseDuration: 1m, maxWait: 30m}}
+`,
+			check: func(t *testing.T, objs []deploycheck.Object, _ *agent.Config) {
+				for _, a := range []string{"--canary-lease=1m", "--canary-max-wait=30m"} {
+					if !slices.Contains(args(objs), a) {
+						t.Errorf("args %v: no %s", args(objs), a)
+					}
+				}
+				if slices.Contains(args(objs), "--canary=false") {
+					t.Errorf("args %v: canary turned off", args(objs))
+				}
+			},
+		},
+		{
+			name: "canary off",
+			values: `
+fleet: {canary: {enabled: false, leaseDuration: 1m}}
+`,
+			check: func(t *testing.T, objs []deploycheck.Object, _ *agent.Config) {
+				var got []string
+				for _, a := range args(objs) {
+					if strings.HasPrefix(a, "--canary") {
+						got = append(got, a)
+					}
+				}
+				if !slices.Equal(got, []string{"--canary=false"}) {
+					t.Errorf("canary args %v, want only --canary=false", got)
+				}
+			},
+		},
+		{
 			name: "node selection and tolerations",
 			values: `
 nodeSelector:

@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpupin/gpupin/agent"
+	"github.com/gpupin/gpupin/canary"
 	"github.com/gpupin/gpupin/fleet"
 	"github.com/gpupin/gpupin/internal/kubetest"
 	"github.com/gpupin/gpupin/internal/sandbox"
@@ -165,6 +166,29 @@ func TestClusterSimulated(t *testing.T) {
 	if pin, err := nodes[nodeV100].rt.GetPin(ctx, key); err != nil || pin != nil {
 		t.Fatalf("%s: pin %+v (%v): it proved nothing", nodeV100, pin, err)
 	}
+	// The H100 was its GPU class's canary for the version (the chart's
+	// default): its lease, in the release's namespace, says done, held by
+	// it, for its class.
+	waitFor(t, 30*time.Second, "the H100's canary lease", func() (bool, string) {
+		ls, err := cs.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: canary.LabelCanary + "=true"})
+		if err != nil {
+			return false, err.Error()
+		}
+		var seen []string
+		for _, l := range ls.Items {
+			holder := ""
+			if l.Spec.HolderIdentity != nil {
+				holder = *l.Spec.HolderIdentity
+			}
+			a := l.Annotations
+			seen = append(seen, fmt.Sprintf("%s holder=%s class=%q key=%s state=%s", l.Name, holder, a[canary.AnnotationClass], a[canary.AnnotationKey], a[canary.AnnotationState]))
+			if holder == nodeH100 && a[canary.AnnotationKey] == key && strings.Contains(a[canary.AnnotationClass], "H100") && a[canary.AnnotationState] == "done" {
+				t.Logf("canary lease %s", seen[len(seen)-1])
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("canary leases: %v", seen)
+	})
 	// The agents' Events, written through their pod-bound tokens.
 	waitFor(t, 30*time.Second, "the agent's Events", func() (bool, string) {
 		evs, err := cs.CoreV1().Events("").List(ctx, metav1.ListOptions{})
