@@ -16,7 +16,7 @@ DAEMON_PKGS ?= ./containerd/... ./e2e/... ./faults/...
 STATICCHECK ?= $(GPUPIN_TOOLS)/staticcheck
 TESTFLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all deps deps-demo dist test-dist build build-nocgo image demo test test-short check test-helm test-cluster test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish fuzz clean
+.PHONY: all deps deps-demo dist test-dist build build-nocgo image demo test test-short check test-helm test-cluster test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish bench-herd fuzz clean
 
 all: build
 
@@ -162,6 +162,15 @@ fuzz:
 # The node-side table (bench/results.md): provision, plan, probe vs ctr and crane.
 bench: build
 	./scripts/bench.sh
+
+# A fleet rollout on one machine (faults/herd's BenchmarkHerd): 4 and 8
+# simulated nodes, each its containerd and a real Spegel, one counting
+# upstream, one kube-apiserver for the fetch gate; gpupin vs ctr on every
+# node vs one node alone, images from upstream and makespan, against
+# containerd 2.4.2 and 1.7.35. Writes its section of bench/results.md.
+# GPUPIN_HERD_NODES="4 8", GPUPIN_HERD_MB=288 to change the herd.
+bench-herd: require-root
+	GO=$(GO) HERD_CONTAINERDS="$(CONTAINERD2) $(CONTAINERD17)" ./scripts/bench-herd.sh
 
 # CI-side: publish of ~2 GiB of variants vs crane (build/bench_test.go).
 bench-publish: build
