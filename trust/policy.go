@@ -13,6 +13,9 @@ package trust
 import (
 	"bytes"
 	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rsa"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +27,7 @@ import (
 	"github.com/sigstore/sigstore-go/pkg/root"
 	"github.com/sigstore/sigstore/pkg/cryptoutils"
 	"github.com/sigstore/sigstore/pkg/signature"
+	"github.com/sigstore/sigstore/pkg/signature/options"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -87,9 +91,49 @@ type Rule struct {
 
 // Key is a public key a rule trusts, named by its file and fingerprint.
 type Key struct {
-	Name     string // "key FILE (sha256:…)": what a pin's Signed.By says
-	Verifier signature.Verifier
-	Public   crypto.PublicKey
+	Name string // "key FILE (sha256:…)": what a pin's Signed.By says
+	// Verifiers check this key's signatures: sigstore's default verifier
+	// for its type, the hash chosen by the key as cosign chooses it (ECDSA
+	// P-256 with SHA-256, P-384 with SHA-384, P-521 with SHA-512, RSA
+	// PKCS #1 v1.5 with SHA-256). An Ed25519 key has two: Ed25519ph, what
+	// cosign (and gpupin) sign classic signatures with, and pure Ed25519,
+	// what sigstore-go signs bundles with by default.
+	Verifiers []signature.Verifier
+	Public    crypto.PublicKey
+}
+
+// KeyVerifiers are the verifiers a policy checks pub's signatures with
+// (Key.Verifiers), or why sigstore has none for it.
+func KeyVerifiers(pub crypto.PublicKey) ([]signature.Verifier, error) {
+	var opts [][]signature.LoadOption
+	if _, ok := pub.(ed25519.PublicKey); ok {
+		opts = [][]signature.LoadOption{{options.WithED25519ph()}, nil}
+	} else {
+		opts = [][]signature.LoadOption{nil}
+	}
+	var out []signature.Verifier
+	for _, o := range opts {
+		v, err := signature.LoadDefaultVerifier(pub, o...)
+		if err != nil {
+			return nil, fmt.Errorf("%s, which sigstore does not verify (it verifies ECDSA P-256, P-384 and P-521, RSA of 2048, 3072 or 4096 bits, and Ed25519): %w", keyKind(pub), err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// keyKind names a public key's type for messages ("an RSA key of 1024 bits").
+func keyKind(pub crypto.PublicKey) string {
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey:
+		return "an ECDSA " + k.Curve.Params().Name + " key"
+	case *rsa.PublicKey:
+		return fmt.Sprintf("an RSA key of %d bits", k.N.BitLen())
+	case ed25519.PublicKey:
+		return "an Ed25519 key"
+	default:
+		return fmt.Sprintf("a %T key", pub)
+	}
 }
 
 // Off is the policy when none is given: nothing is required.
@@ -175,7 +219,7 @@ func loadRule(dir string, rf RuleFile) (Rule, error) {
 		if err != nil {
 			return r, fmt.Errorf("keys[%d]: %s: not a PEM public key: %w", i, k, err)
 		}
-		v, err := signature.LoadVerifier(pub, crypto.SHA256)
+		vs, err := KeyVerifiers(pub)
 		if err != nil {
 			return r, fmt.Errorf("keys[%d]: %s: %w", i, k, err)
 		}
@@ -183,7 +227,7 @@ func loadRule(dir string, rf RuleFile) (Rule, error) {
 		if err != nil {
 			return r, fmt.Errorf("keys[%d]: %s: %w", i, k, err)
 		}
-		r.Keys = append(r.Keys, Key{Name: "key " + filepath.Base(k) + " (" + fp + ")", Verifier: v, Public: pub})
+		r.Keys = append(r.Keys, Key{Name: "key " + filepath.Base(k) + " (" + fp + ")", Verifiers: vs, Public: pub})
 	}
 	for i, id := range rf.Identities {
 		if id.Issuer == "" || id.Subject == "" {

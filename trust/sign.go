@@ -76,9 +76,12 @@ var ErrWrongPassword = errors.New("wrong password")
 // LoadSignKey loads a cosign private key (path names it in errors) as
 // cosign's LoadPrivateKey does: the PEM block, decrypted with
 // go-securesystemslib's encrypted package, a PKCS #8 key, and sigstore's
-// default signer for it (ECDSA P-256 with SHA-256 for the keys cosign
-// generates; Ed25519 as Ed25519ph, cosign's choice). A key gpupin's own
-// verifier could not check is refused here, so CI never publishes
+// default signer for it, the hash chosen by the key as cosign chooses it
+// (ECDSA P-256 with SHA-256 for the keys cosign generates, P-384 with
+// SHA-384, P-521 with SHA-512, RSA PKCS #1 v1.5 with SHA-256; Ed25519 as
+// Ed25519ph, cosign's choice). A key sigstore has no signer for (RSA of
+// another size than 2048, 3072 or 4096 bits) is refused, as is one whose
+// signatures gpupin's own verifier could not check, so CI never publishes
 // signatures the nodes' policy would reject.
 func LoadSignKey(path string, pemBytes, password []byte) (*SignKey, error) {
 	bad := func(format string, a ...any) error {
@@ -123,24 +126,25 @@ func LoadSignKey(path string, pemBytes, password []byte) (*SignKey, error) {
 	return &SignKey{Name: "key " + pubName + " (" + fp + ")", Public: pub, sv: sv}, nil
 }
 
-// policyVerifies checks that a signature by sv passes the verifier a
-// policy builds for its public key (loadRule's, SHA-256): cosign signs
-// P-384 and P-521 keys with SHA-384 and SHA-512, Ed25519 as Ed25519ph,
-// and nodes would refuse all of those.
+// policyVerifies checks that a signature by sv passes the verifiers a
+// policy builds for its public key (KeyVerifiers, loadRule's), so CI
+// never publishes signatures the nodes' policy would reject.
 func policyVerifies(sv signature.SignerVerifier, pub crypto.PublicKey) error {
 	msg := []byte("gpupin: can the nodes' policy verify this key?")
 	sig, err := sv.SignMessage(bytes.NewReader(msg))
 	if err != nil {
 		return fmt.Errorf("sign: %w", err)
 	}
-	v, err := signature.LoadVerifier(pub, crypto.SHA256)
-	if err == nil {
-		err = v.VerifySignature(bytes.NewReader(sig), bytes.NewReader(msg))
-	}
+	vs, err := KeyVerifiers(pub)
 	if err != nil {
-		return fmt.Errorf("a %T key whose signatures gpupin's signature policy cannot verify (it checks SHA-256 signatures: ECDSA P-256, cosign generate-key-pair's default, or RSA): %v", pub, err)
+		return err
 	}
-	return nil
+	for _, v := range vs {
+		if err = v.VerifySignature(bytes.NewReader(sig), bytes.NewReader(msg)); err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s whose signatures gpupin's signature policy cannot verify: %v", keyKind(pub), err)
 }
 
 // Signer writes cosign's classic signatures (cosign sign --key

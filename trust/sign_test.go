@@ -231,9 +231,10 @@ func checkCosignLayout(t *testing.T, d name.Digest, n int) {
 	}
 }
 
-// TestLoadSignKey: cosign's key formats load; a key that is not one, a
-// wrong password, a damaged file and a key whose signatures the nodes'
-// policy could not verify are each refused, naming the file and why.
+// TestLoadSignKey: cosign's key formats load, of each key type cosign
+// signs with; a key that is not one, a wrong password, a damaged file and
+// a key sigstore has no signer for are each refused, naming the file and
+// why.
 func TestLoadSignKey(t *testing.T) {
 	dir := t.TempDir()
 	p384, err := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
@@ -245,6 +246,10 @@ func TestLoadSignKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	rk, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rk1024, err := rsa.GenerateKey(rand.Reader, 1024) // sigstore has no signer for it
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,8 +286,9 @@ func TestLoadSignKey(t *testing.T) {
 		{"damaged", damaged, testPassword, "decrypt"},
 		{"plain PEM key", plain, testPassword, `PEM type "EC PRIVATE KEY"`},
 		{"not PEM", notPEM, testPassword, "not PEM"},
-		{"P-384", cosignKeyFile(t, dir, "p384", p384, testPassword, trust.SigstorePrivateKeyPEM), testPassword, "signature policy cannot verify"},
-		{"Ed25519", cosignKeyFile(t, dir, "ed", ed, testPassword, trust.SigstorePrivateKeyPEM), testPassword, "signature policy cannot verify"},
+		{"P-384", cosignKeyFile(t, dir, "p384", p384, testPassword, trust.SigstorePrivateKeyPEM), testPassword, ""},
+		{"Ed25519", cosignKeyFile(t, dir, "ed", ed, testPassword, trust.SigstorePrivateKeyPEM), testPassword, ""},
+		{"RSA of 1024 bits", cosignKeyFile(t, dir, "rsa1024", rk1024, testPassword, trust.SigstorePrivateKeyPEM), testPassword, "unsupported"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -409,6 +415,55 @@ func TestSignRefused(t *testing.T) {
 			_, err := (&trust.Signer{Key: ci}).Sign(context.Background(), img)
 			if err == nil || !strings.HasPrefix(err.Error(), "sign "+img.String()+": ") || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Sign: %v; want an error naming %s with %q", err, img, tc.want)
+			}
+		})
+	}
+}
+
+// TestSignKeyTypes: keys of each type cosign signs with (P-256, its
+// default; P-384 with SHA-384, P-521 with SHA-512, Ed25519 as Ed25519ph,
+// RSA) sign through trust.Signer and verify with the nodes' policy naming
+// their public key, to a real registry; another key's policy refuses each.
+func TestSignKeyTypes(t *testing.T) {
+	dir := t.TempDir()
+	newKey(t, dir, "other.pub")
+	ecKey := func(c elliptic.Curve) crypto.Signer {
+		k, err := ecdsa.GenerateKey(c, rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	_, ed, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rk, err := rsa.GenerateKey(rand.Reader, 3072)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []struct {
+		name string
+		priv crypto.Signer
+	}{{"p256", ecKey(elliptic.P256())}, {"p384", ecKey(elliptic.P384())}, {"p521", ecKey(elliptic.P521())}, {"ed25519", ed}, {"rsa3072", rk}}
+	otherOnly := policy(t, dir, "default: {mode: required, keys: [other.pub]}\n")
+	for _, k := range keys {
+		t.Run(k.name, func(t *testing.T) {
+			key := loadSignKey(t, cosignKeyFile(t, dir, k.name, k.priv, testPassword, trust.SigstorePrivateKeyPEM), testPassword)
+			g := newReg(t)
+			img := g.push(t, "org/vllm")
+			if _, err := (&trust.Signer{Key: key}).Sign(context.Background(), img); err != nil {
+				t.Fatal(err)
+			}
+			checkCosignLayout(t, img, 1)
+			pol := policy(t, dir, fmt.Sprintf("default: {mode: required, keys: [%s.pub]}\n", k.name))
+			s, err := (&trust.Verifier{Policy: pol}).Verify(context.Background(), "vllm", "cu13", img.String(), "")
+			if err != nil || s.By != key.Name {
+				t.Fatalf("Verify = %+v, %v; want signed by %s", s, err, key.Name)
+			}
+			_, err = (&trust.Verifier{Policy: otherOnly}).Verify(context.Background(), "vllm", "cu13", img.String(), "")
+			if err == nil || !strings.Contains(err.Error(), "engine vllm variant cu13") || !strings.Contains(err.Error(), "signature by no trusted key") {
+				t.Fatalf("another key's policy: %v", err)
 			}
 		})
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/sigstore/sigstore-go/pkg/bundle"
+	"github.com/sigstore/sigstore-go/pkg/root"
 	"github.com/sigstore/sigstore-go/pkg/verify"
 	"github.com/sigstore/sigstore/pkg/signature/payload"
 
@@ -213,10 +214,13 @@ func (v *Verifier) classicLayer(ctx context.Context, rule Rule, repo name.Reposi
 		return "", fmt.Errorf("payload %s: %w", l.Digest, err)
 	}
 	var who string
+keys:
 	for _, k := range rule.Keys {
-		if err := k.Verifier.VerifySignature(bytes.NewReader(sig), bytes.NewReader(body)); err == nil {
-			who = k.Name
-			break
+		for _, kv := range k.Verifiers {
+			if err := kv.VerifySignature(bytes.NewReader(sig), bytes.NewReader(body)); err == nil {
+				who = k.Name
+				break keys
+			}
 		}
 	}
 	if who == "" {
@@ -239,9 +243,6 @@ func (v *Verifier) classicLayer(ctx context.Context, rule Rule, repo name.Reposi
 // bundles reads the OCI referrers of h that hold Sigstore bundles and
 // verifies each with sigstore-go until one passes.
 func (v *Verifier) bundles(ctx context.Context, rule Rule, repo name.Repository, h v1.Hash) (int, string, error) {
-	if rule.Root == nil {
-		return 0, "", nil // keys only: their signatures are classic
-	}
 	idx, err := remote.Referrers(repo.Digest(h.String()), v.opts(ctx)...)
 	if err != nil {
 		if isNotFound(err) {
@@ -297,18 +298,51 @@ func (v *Verifier) bundle(ctx context.Context, rule Rule, repo name.Repository, 
 	return VerifyEntity(rule, &b, h)
 }
 
-// VerifyEntity verifies a Sigstore signed entity (a bundle) over h against
-// the rule's keyless identities, with sigstore-go: the certificate chains
-// to the trusted root's Fulcio, the transparency log entry is the root's
-// Rekor's, and the signing time is one that log observed.
+// SignPredicateType is the in-toto predicate type of the statement cosign
+// sign puts in a bundle (cosign's types.CosignSignPredicateType): a bundle
+// whose DSSE statement is another attestation (provenance, an SBOM, a scan)
+// is not a signature of the image, whoever made it.
+const SignPredicateType = "https://sigstore.dev/cosign/sign/v1"
+
+// VerifyEntity verifies a Sigstore signed entity (a bundle) over h with
+// sigstore-go, against the rule's keys when a public key signed it, else
+// against its keyless identities:
+//   - a key: the signature over h (a DSSE statement naming h as a subject,
+//     or a message signature over h) by one of the rule's keys. No
+//     transparency log entry or timestamp is required or checked (as
+//     cosign verify --key --insecure-ignore-tlog does; the policy has no
+//     option for one), so key-signed bundles verify offline.
+//   - keyless: the certificate chains to the trusted root's Fulcio, the
+//     transparency log entry is the root's Rekor's, the signing time is
+//     one that log observed, and the certificate's issuer and subject are
+//     one of the rule's identities.
+//
+// Either way a DSSE statement must be cosign sign's (SignPredicateType).
 func VerifyEntity(rule Rule, e verify.SignedEntity, h v1.Hash) (string, error) {
-	sv, err := verify.NewVerifier(rule.Root, verify.WithTransparencyLog(1), verify.WithObserverTimestamps(1))
-	if err != nil {
-		return "", fmt.Errorf("trusted root %s: %w", rule.RootPath, err)
-	}
 	raw, err := hex.DecodeString(h.Hex)
 	if err != nil {
 		return "", fmt.Errorf("digest %s: %w", h, err)
+	}
+	artifact := verify.WithArtifactDigest(h.Algorithm, raw)
+	vc, err := e.VerificationContent()
+	if err != nil {
+		return "", fmt.Errorf("bundle has no verification material: %w", err)
+	}
+	if vc.PublicKey() != nil {
+		if len(rule.Keys) == 0 {
+			return "", errors.New("signed with a key, and the rule names no keys, only keyless identities")
+		}
+		return verifyKeyed(rule, e, artifact)
+	}
+	if vc.Certificate() == nil {
+		return "", errors.New("bundle has neither a public key nor a certificate")
+	}
+	if len(rule.Identities) == 0 {
+		return "", errors.New("signed keyless (with a certificate), and the rule names no identities, only keys")
+	}
+	sv, err := verify.NewVerifier(rule.Root, verify.WithTransparencyLog(1), verify.WithObserverTimestamps(1))
+	if err != nil {
+		return "", fmt.Errorf("trusted root %s: %w", rule.RootPath, err)
 	}
 	var fails []string
 	for _, id := range rule.Identities {
@@ -316,13 +350,63 @@ func VerifyEntity(rule Rule, e verify.SignedEntity, h v1.Hash) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("identity %s: %w", id, err)
 		}
-		if _, err := sv.Verify(e, verify.NewPolicy(verify.WithArtifactDigest(h.Algorithm, raw), verify.WithCertificateIdentity(ci))); err != nil {
+		res, err := sv.Verify(e, verify.NewPolicy(artifact, verify.WithCertificateIdentity(ci)))
+		if err != nil {
 			fails = append(fails, err.Error())
 			continue
+		}
+		if err := signStatement(res); err != nil {
+			return "", fmt.Errorf("keyless %s: %w", id, err)
 		}
 		return "keyless " + id.String(), nil
 	}
 	return "", errors.New(strings.Join(fails, "; "))
+}
+
+// verifyKeyed verifies a key-signed bundle with each of the rule's keys,
+// each through sigstore-go with that key as the only trusted material (as
+// cosign verify --key does; the bundle's key hint is not trusted).
+func verifyKeyed(rule Rule, e verify.SignedEntity, artifact verify.ArtifactPolicyOption) (string, error) {
+	var fails []string
+	for _, k := range rule.Keys {
+		var kf []string
+		for _, kv := range k.Verifiers {
+			tk := root.NewExpiringKey(kv, time.Time{}, time.Time{})
+			tm := root.NewTrustedPublicKeyMaterial(func(string) (root.TimeConstrainedVerifier, error) { return tk, nil })
+			sv, err := verify.NewVerifier(tm, verify.WithNoObserverTimestamps())
+			if err != nil {
+				return "", fmt.Errorf("%s: %w", k.Name, err)
+			}
+			res, err := sv.Verify(e, verify.NewPolicy(artifact, verify.WithKey()))
+			if err != nil {
+				// The key's signature, over a statement about another
+				// digest, is a different refusal from another key's.
+				if _, err2 := sv.Verify(e, verify.NewPolicy(verify.WithoutArtifactUnsafe(), verify.WithKey())); err2 == nil {
+					return "", fmt.Errorf("%s signed a statement about another digest: %w", k.Name, err)
+				}
+				kf = append(kf, err.Error())
+				continue
+			}
+			if err := signStatement(res); err != nil {
+				return "", fmt.Errorf("%s: %w", k.Name, err)
+			}
+			return k.Name, nil
+		}
+		fails = append(fails, k.Name+": "+strings.Join(kf, "; "))
+	}
+	return "", fmt.Errorf("signature by no trusted key (%s)", strings.Join(fails, "; "))
+}
+
+// signStatement refuses a verified DSSE statement that is not cosign
+// sign's: an attestation of something else about the image.
+func signStatement(res *verify.VerificationResult) error {
+	if res == nil || res.Statement == nil {
+		return nil // a message signature over the digest
+	}
+	if pt := res.Statement.GetPredicateType(); pt != SignPredicateType {
+		return fmt.Errorf("signed an attestation of predicate type %q, not a signature (cosign sign's %q)", pt, SignPredicateType)
+	}
+	return nil
 }
 
 // get reads a manifest, bounded.

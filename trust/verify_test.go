@@ -1,11 +1,14 @@
 package trust_test
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
+	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -31,10 +34,16 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/secure-systems-lab/go-securesystemslib/dsse"
+	protobundle "github.com/sigstore/protobuf-specs/gen/pb-go/bundle/v1"
+	protocommon "github.com/sigstore/protobuf-specs/gen/pb-go/common/v1"
+	protodsse "github.com/sigstore/protobuf-specs/gen/pb-go/dsse"
+	"github.com/sigstore/sigstore-go/pkg/bundle"
 	"github.com/sigstore/sigstore-go/pkg/root"
 	"github.com/sigstore/sigstore-go/pkg/testing/ca"
 	"github.com/sigstore/sigstore/pkg/cryptoutils"
 	"github.com/sigstore/sigstore/pkg/signature"
+	"github.com/sigstore/sigstore/pkg/signature/options"
 	"github.com/sigstore/sigstore/pkg/signature/payload"
 
 	"github.com/gpupin/gpupin/trust"
@@ -405,6 +414,11 @@ func TestParseErrors(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "bad.pub"), []byte("not a key"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	rk, err := rsa.GenerateKey(rand.Reader, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePub(t, dir, "rsa1024.pub", rk.Public())
 	cases := []struct{ name, text, want string }{
 		{"yaml syntax", "engines:\n  vllm: [\n", "policy P: line"},
 		{"unknown field", "engines:\n  vllm:\n    mod: required\n", "line 3: field mod not found"},
@@ -412,6 +426,7 @@ func TestParseErrors(t *testing.T) {
 		{"required with nothing", "default: {mode: required}\n", "default.mode: required names no keys and no identities"},
 		{"missing key file", "engines:\n  vllm: {mode: required, keys: [gone.pub]}\n", "engines.vllm.keys[0]: open"},
 		{"not a key", "engines:\n  vllm: {mode: required, keys: [bad.pub]}\n", "engines.vllm.keys[0]: bad.pub: not a PEM public key"},
+		{"RSA of 1024 bits", "engines:\n  vllm: {mode: required, keys: [rsa1024.pub]}\n", "engines.vllm.keys[0]: rsa1024.pub: an RSA key of 1024 bits, which sigstore does not verify"},
 		{"identity without root", "engines:\n  vllm: {mode: required, identities: [{issuer: i, subject: s}]}\n", "engines.vllm.trustedRoot: keyless identities need an offline trusted root"},
 		{"identity without subject", "engines:\n  vllm: {mode: required, trustedRoot: r.json, identities: [{issuer: i}]}\n", "engines.vllm.identities[0]: issuer and subject are both required"},
 		{"json", `{"engines": {"vllm": {"mode": 3}}}`, `engines.vllm.mode: "3" is neither`},
@@ -434,3 +449,201 @@ func TestParseErrors(t *testing.T) {
 }
 
 func nopLogger() *log.Logger { return log.New(io.Discard, "", 0) }
+
+// keyBundle is a Sigstore bundle as cosign v3's sign --key writes one
+// (--new-bundle-format, its default; no transparency log): a DSSE envelope
+// of an in-toto statement naming over as its subject, signed by s, the
+// verification material the key's hint. predicateType "" is cosign sign's.
+func keyBundle(t testing.TB, s signature.Signer, over v1.Hash, predicateType string) []byte {
+	t.Helper()
+	if predicateType == "" {
+		predicateType = trust.SignPredicateType
+	}
+	stmt, err := json.Marshal(map[string]any{
+		"_type":         "https://in-toto.io/Statement/v1",
+		"subject":       []any{map[string]any{"digest": map[string]string{over.Algorithm: over.Hex}}},
+		"predicateType": predicateType,
+		"predicate":     map[string]any{},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const payloadType = "application/vnd.in-toto+json"
+	sig, err := s.SignMessage(bytes.NewReader(dsse.PAE(payloadType, stmt)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb := &protobundle.Bundle{
+		MediaType: "application/vnd.dev.sigstore.bundle.v0.3+json",
+		VerificationMaterial: &protobundle.VerificationMaterial{
+			Content: &protobundle.VerificationMaterial_PublicKey{PublicKey: &protocommon.PublicKeyIdentifier{Hint: "a hint gpupin does not trust"}},
+		},
+		Content: &protobundle.Bundle_DsseEnvelope{DsseEnvelope: &protodsse.Envelope{
+			Payload: stmt, PayloadType: payloadType, Signatures: []*protodsse.Signature{{Sig: sig}},
+		}},
+	}
+	b, err := (&bundle.Bundle{Bundle: pb}).MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// writePub writes pub as a PEM file in dir, as cosign.pub is.
+func writePub(t testing.TB, dir, file string, pub crypto.PublicKey) {
+	t.Helper()
+	pem, err := cryptoutils.MarshalPublicKeyToPEM(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, file), pem, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestVerifyBundleKey: a Sigstore bundle signed with a key (cosign v3's
+// default for cosign sign --key), as an OCI referrer in a real registry,
+// verifies against a key rule, for each key type sigstore signs with; a
+// bundle by another key, over another digest, corrupted, truncated, or an
+// attestation rather than a signature is refused, naming engine, variant
+// and why.
+func TestVerifyBundleKey(t *testing.T) {
+	dir := t.TempDir()
+	signer := func(priv crypto.PrivateKey, opts ...signature.LoadOption) signature.Signer {
+		s, err := signature.LoadDefaultSigner(priv, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	ci := newKey(t, dir, "ci.pub")
+	other := newKey(t, dir, "other.pub")
+	p384, err := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p521, err := ecdsa.GenerateKey(elliptic.P521(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edPub, ed, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rk, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePub(t, dir, "p384.pub", p384.Public())
+	writePub(t, dir, "p521.pub", p521.Public())
+	writePub(t, dir, "ed.pub", edPub)
+	writePub(t, dir, "rsa.pub", rk.Public())
+	cases := []struct {
+		name, pub string
+		body      func(img, img2 v1.Hash) []byte
+		want      string // "" = verifies
+	}{
+		{"P-256 key", "ci.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(ci.priv), img, "") }, ""},
+		{"P-384 key, SHA-384", "p384.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(p384), img, "") }, ""},
+		{"P-521 key, SHA-512", "p521.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(p521), img, "") }, ""},
+		{"Ed25519 key", "ed.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(ed), img, "") }, ""},
+		{"Ed25519ph key", "ed.pub", func(img, _ v1.Hash) []byte {
+			return keyBundle(t, signer(ed, options.WithED25519ph()), img, "")
+		}, ""},
+		{"RSA key", "rsa.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(rk), img, "") }, ""},
+		{"another key", "ci.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(other.priv), img, "") }, "signature by no trusted key (key ci.pub (sha256:"},
+		{"another digest", "ci.pub", func(_, img2 v1.Hash) []byte { return keyBundle(t, signer(ci.priv), img2, "") }, ") signed a statement about another digest: "},
+		{"corrupted signature", "ci.pub", func(img, _ v1.Hash) []byte {
+			b := keyBundle(t, signer(ci.priv), img, "")
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Fatal(err)
+			}
+			sig := m["dsseEnvelope"].(map[string]any)["signatures"].([]any)[0].(map[string]any)
+			raw, _ := base64.StdEncoding.DecodeString(sig["sig"].(string))
+			raw[len(raw)/2] ^= 0xff
+			sig["sig"] = base64.StdEncoding.EncodeToString(raw)
+			b, _ = json.Marshal(m)
+			return b
+		}, "signature by no trusted key"},
+		{"corrupted statement", "ci.pub", func(img, _ v1.Hash) []byte {
+			b := keyBundle(t, signer(ci.priv), img, "")
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Fatal(err)
+			}
+			env := m["dsseEnvelope"].(map[string]any)
+			raw, _ := base64.StdEncoding.DecodeString(env["payload"].(string))
+			env["payload"] = base64.StdEncoding.EncodeToString([]byte(strings.Replace(string(raw), "cosign/sign", "cosign/sigh", 1)))
+			b, _ = json.Marshal(m)
+			return b
+		}, "signature by no trusted key"},
+		{"truncated bundle", "ci.pub", func(img, _ v1.Hash) []byte {
+			b := keyBundle(t, signer(ci.priv), img, "")
+			return b[:len(b)/2]
+		}, "not a Sigstore bundle"},
+		{"an attestation, not a signature", "ci.pub", func(img, _ v1.Hash) []byte {
+			return keyBundle(t, signer(ci.priv), img, "https://slsa.dev/provenance/v1")
+		}, `signed an attestation of predicate type "https://slsa.dev/provenance/v1", not a signature`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pol := policy(t, dir, "engines:\n  vllm:\n    mode: required\n    keys: ["+tc.pub+"]\n")
+			g := newReg(t)
+			img, img2 := g.push(t, "org/vllm"), g.push(t, "org/vllm")
+			h, _ := v1.NewHash(img.DigestStr())
+			h2, _ := v1.NewHash(img2.DigestStr())
+			pushBundleReferrer(t, img, tc.body(h, h2))
+			s, err := (&trust.Verifier{Policy: pol}).Verify(context.Background(), "vllm", "cu13", img.String(), "")
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Verify: %v", err)
+				}
+				if s == nil || s.Digest != img.DigestStr() || !strings.HasPrefix(s.By, "key "+tc.pub+" (sha256:") {
+					t.Fatalf("signature %+v", s)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Verify passed, want refusal with %q", tc.want)
+			}
+			var te *trust.Error
+			if !errors.As(err, &te) || te.Engine != "vllm" || te.Variant != "cu13" || errors.Is(err, trust.ErrUnsigned) {
+				t.Fatalf("error %v is not a trust.Error naming engine and variant (and not ErrUnsigned)", err)
+			}
+			t.Logf("refused: %v", err)
+			for _, w := range []string{"signature policy refused engine vllm variant cu13", "bundle sha256:", tc.want} {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+	// A key-signed bundle under a rule of keyless identities only is not
+	// theirs; one the rule's key made passes beside a bad one.
+	t.Run("key bundle, keyless rule", func(t *testing.T) {
+		vdir := t.TempDir()
+		virtualRoot(t, vdir)
+		pol := policy(t, vdir, "default: {mode: required, trustedRoot: trusted_root.json, identities: [{issuer: i, subject: s}]}\n")
+		g := newReg(t)
+		img := g.push(t, "org/vllm")
+		h, _ := v1.NewHash(img.DigestStr())
+		pushBundleReferrer(t, img, keyBundle(t, signer(ci.priv), h, ""))
+		_, err := (&trust.Verifier{Policy: pol}).Verify(context.Background(), "vllm", "cu13", img.String(), "")
+		if err == nil || !strings.Contains(err.Error(), "signed with a key, and the rule names no keys") {
+			t.Fatalf("Verify: %v", err)
+		}
+	})
+	t.Run("a good bundle beside a bad one", func(t *testing.T) {
+		pol := policy(t, dir, "default: {mode: required, keys: [ci.pub]}\n")
+		g := newReg(t)
+		img := g.push(t, "org/vllm")
+		h, _ := v1.NewHash(img.DigestStr())
+		pushBundleReferrer(t, img, keyBundle(t, signer(other.priv), h, ""))
+		pushBundleReferrer(t, img, keyBundle(t, signer(ci.priv), h, ""))
+		s, err := (&trust.Verifier{Policy: pol}).Verify(context.Background(), "vllm", "cu13", img.String(), "")
+		if err != nil || !strings.HasPrefix(s.By, "key ci.pub (") {
+			t.Fatalf("Verify = %+v, %v", s, err)
+		}
+	})
+}
