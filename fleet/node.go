@@ -21,11 +21,14 @@ import (
 	"github.com/gpupin/gpupin/provision"
 )
 
-// Agent is what the fleet layer needs of a node agent (*agent.Agent).
+// Agent is what the fleet layer needs of a node agent (*agent.Agent), said
+// in full: the wants a ConfigMap holds (NodeOptions.WantsConfigMap) are
+// set through its WantsSetter, so an agent that lacks one does not compile.
 type Agent interface {
 	SetClusterOverrides(map[string]string) error
 	FileOverrides() map[string]string
 	Status() []provision.Status
+	WantsSetter
 }
 
 // NodeOptions configure a node's fleet layer.
@@ -106,15 +109,11 @@ func (n *Node) Start(ctx context.Context, a Agent) error {
 		return err
 	}
 	if n.opts.WantsConfigMap != "" {
-		ws, ok := a.(WantsSetter)
-		if !ok {
-			return fmt.Errorf("fleet: wants from ConfigMap %s: the agent takes no wants", n.opts.WantsConfigMap)
-		}
 		ns, name, err := ParseWantsRef(n.opts.WantsConfigMap)
 		if err != nil {
 			return err
 		}
-		ww := &WantsWatcher{Kube: n.kube, Namespace: ns, Name: name, Set: ws, Logger: n.opts.Logger,
+		ww := &WantsWatcher{Kube: n.kube, Namespace: ns, Name: name, Set: a, Logger: n.opts.Logger,
 			Rejected: func(err error) {
 				n.rec.Event(NodeRef(n.opts.NodeName), corev1.EventTypeWarning, "WantsRejected", clip(err.Error(), 1024))
 			}}

@@ -171,16 +171,13 @@ func (l *Loop) SetWants(wants []Want) error {
 }
 
 // SetOverrides replaces the per-engine overrides that apply to wants
-// naming none of their own, in the provisioner's override source (which
-// must be an *Overrides: provision.WithOverrides(provision.NewOverrides())).
+// naming none of their own, in the provisioner's override source
+// (OverrideSource.Replace: an *Overrides sets them,
+// provision.WithOverrides(provision.NewOverrides()); a file refuses).
 // An engine whose override changes is provisioned again at once. On an
 // error nothing changes.
 func (l *Loop) SetOverrides(m map[string]string) error {
-	ov, ok := l.p.opts.Overrides.(*Overrides)
-	if !ok {
-		return fmt.Errorf("the provisioner reads overrides from %T; the loop sets them only in a *provision.Overrides", l.p.opts.Overrides)
-	}
-	if err := ov.Replace(m); err != nil {
+	if err := l.p.opts.Overrides.Replace(m); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -227,12 +224,10 @@ func (l *Loop) Unnamed() []string {
 	return out
 }
 
-// Overrides returns the overrides the loop's provisioner holds.
+// Overrides returns the overrides the loop's provisioner holds
+// (OverrideSource.Map: none for a source held elsewhere).
 func (l *Loop) Overrides() map[string]string {
-	if ov, ok := l.p.opts.Overrides.(*Overrides); ok {
-		return ov.Map()
-	}
-	return map[string]string{}
+	return l.p.opts.Overrides.Map()
 }
 
 // Wants returns the wanted engines, in order.

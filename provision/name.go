@@ -136,7 +136,7 @@ func (p *Provisioner) ProbeTarget(ctx context.Context, image string, as ProbeAs)
 	}
 	// The probe runs in the image as containerd holds it: without
 	// containerd that is the answer, whatever the node says.
-	if _, none := p.rt.(absent); none {
+	if p.none {
 		return nil, fmt.Errorf("probe target: %w to find the image in", errNoRuntime)
 	}
 	facts, err := p.opts.Node.Read(ctx)

@@ -122,7 +122,7 @@ func (p *Provisioner) plan(ctx context.Context, w want, facts *node.Facts, pins 
 	}
 	if err := checkHeld(pl, w, pins, facts); err != nil {
 		pl.Outcome, pl.Detail, pl.Err = OutcomeConflict, err.Error(), err
-		pl.Conflict, _ = err.(*ConflictError)
+		errors.As(err, &pl.Conflict)
 		return pl, nil
 	}
 	if err := p.choose(ctx, pl, set); err != nil {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
 	"sync"
 	"time"
 
@@ -58,7 +57,10 @@ type Resolver interface {
 
 // Provisioner provisions wants on one node.
 type Provisioner struct {
-	rt     Runtime
+	rt Runtime
+	// none is a provisioner made without a runtime (New(nil)): rt is
+	// absent, and what needs the image as containerd holds it says so.
+	none   bool
 	opts   config
 	flight singleflight.Group
 	keys   keyLocks
@@ -71,14 +73,17 @@ type Provisioner struct {
 // for node facts, the overrides file, the shared lock directory, and
 // manifests read through the runtime's registry policy. A nil rt (the
 // interface itself) is a provisioner without containerd: Plan and Name
-// work, reading no pins, and the rest say there is no runtime. A nil
-// pointer inside rt is refused: it would only fail later, at a first call.
-// An option that refuses its value is New's error.
+// work, reading no pins, and the rest say there is no runtime. Pass nil
+// itself for none: a nil *containerd.Runtime (the variable a failed or
+// skipped containerd.Connect leaves) is refused, since it would only fail
+// later, at a first call; another implementation's nil pointer is its
+// caller's to keep out. An option that refuses its value is New's error.
 func New(rt Runtime, opts ...Option) (*Provisioner, error) {
-	if rt == nil {
+	none := rt == nil
+	if none {
 		rt = absent{}
-	} else if v := reflect.ValueOf(rt); v.Kind() == reflect.Pointer && v.IsNil() {
-		return nil, fmt.Errorf("provision: the runtime is a nil %T (connect to containerd first, or pass nil for none)", rt)
+	} else if rt == Runtime((*containerd.Runtime)(nil)) {
+		return nil, fmt.Errorf("provision: the runtime is a nil %T (connect to containerd first, or pass nil for none)", (*containerd.Runtime)(nil))
 	}
 	c := defaults()
 	for _, o := range opts {
@@ -106,7 +111,7 @@ func New(rt Runtime, opts ...Option) (*Provisioner, error) {
 	if c.Overrides == nil {
 		c.Overrides = NoOverrides()
 	}
-	return &Provisioner{rt: rt, opts: c, stall: policy.Config()}, nil
+	return &Provisioner{rt: rt, none: none, opts: c, stall: policy.Config()}, nil
 }
 
 // Provision brings one want to a pinned, proved image, or says why not.

@@ -15,8 +15,9 @@ import (
 // cluster's resolution for the node, else the overrides file, as the
 // agent merges them.
 type clusterOverrides struct {
-	res   map[string]fleet.Resolution
-	local provision.OverrideSource
+	res                   map[string]fleet.Resolution
+	local                 provision.OverrideSource
+	provision.NotSettable // plan reads them; the cluster's are set through the API
 }
 
 func readClusterOverrides(c *cli.Context, nodeName string) (*clusterOverrides, error) {
@@ -28,7 +29,8 @@ func readClusterOverrides(c *cli.Context, nodeName string) (*clusterOverrides, e
 	if err != nil {
 		return nil, err
 	}
-	return &clusterOverrides{res: res, local: provision.OverridesFromFile(lineageString(c, "overrides"))}, nil
+	return &clusterOverrides{res: res, local: provision.OverridesFromFile(lineageString(c, "overrides")),
+		NotSettable: provision.NotSettable{Source: "the cluster's EngineOverrides for " + nodeName}}, nil
 }
 
 // Override implements provision.OverrideSource. A choice the node would
