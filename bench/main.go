@@ -226,6 +226,13 @@ func run(ctx context.Context, cfg config) error {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.name, r.gpupin, r.ref, r.ratio, r.notes)
 	}
 	fmt.Print("\n" + b.String())
+	// The table is the file's head; sections other benchmarks write
+	// (## Herd rollout, from make bench-herd) are kept.
+	if old, err := os.ReadFile(cfg.out); err == nil {
+		if i := strings.Index(string(old), "\n## "); i >= 0 {
+			b.WriteString(string(old[i:]))
+		}
+	}
 	if err := os.WriteFile(cfg.out, []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", cfg.out, err)
 	}
