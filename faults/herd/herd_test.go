@@ -41,7 +41,13 @@ const (
 
 func start(t *testing.T) (*herd.Herd, string, int64) {
 	t.Helper()
-	h := herd.Start(t, herd.Options{Nodes: nodes, Gate: true, LeaseDuration: lease, MaxWait: maxWait})
+	return startWith(t, herd.Options{}, layers, layerSize)
+}
+
+func startWith(t *testing.T, opts herd.Options, layers int, layerSize int64) (*herd.Herd, string, int64) {
+	t.Helper()
+	opts.Nodes, opts.Gate, opts.LeaseDuration, opts.MaxWait = nodes, true, lease, maxWait
+	h := herd.Start(t, opts)
 	ref, size, err := h.PublishEngine("vllm", layers, layerSize)
 	if err != nil {
 		t.Fatal(err)
@@ -151,8 +157,15 @@ func TestHerdSimulatedFetcherKilled(t *testing.T) {
 	t.Logf("killed %s mid-pull", dead)
 	h.Upstream.SetRate(0)
 	images := check(t, h, res, size, dead)
-	if images > 2.25 {
-		t.Errorf("upstream served %.2f images: want the dead node's part and about one more", images)
+	// The dead node's part and about one more; on containerd 1.x, where
+	// Spegel serves nothing pulled after its start (TestHerdSimulatedOneFetch),
+	// the dead node's part and one per live node.
+	limit := 2.25
+	if h.Nodes[0].Daemon.Major < 2 {
+		limit = float64(nodes) + 0.25
+	}
+	if images > limit {
+		t.Errorf("upstream served %.2f images on containerd %s, want at most %.2f: the dead node's part and about one more", images, h.Nodes[0].Daemon.Version, limit)
 	}
 	// The node comes back (its Spegel too) and provisions again.
 	n := h.Node(dead)
@@ -184,6 +197,70 @@ func TestHerdSimulatedMirrorKilled(t *testing.T) {
 	t.Logf("killed %s's spegel while it fetched", <-killed)
 	images := check(t, h, res, size, "")
 	samePin(t, res)
+	if limit := float64(nodes) + 0.25; images > limit {
+		t.Errorf("upstream served %.2f images, more than one per node (%.2f)", images, limit)
+	}
+}
+
+// TestHerdSimulatedBigLayerSlowLink: one big layer over a slow link (a
+// 15 GB layer at 30 MB/s takes over 8 minutes; containerd's own
+// deadline cut such a layer at 14.5 GB, its issue 12811). Here 40 MiB at
+// 2 MiB/s: 20 s, ten times each node's progress deadline and more than
+// six lease durations. Nothing may cut it for the time it takes: the
+// pull's deadline counts progress (bytes moved within the window), the
+// fetcher's lease is renewed while bytes move, so no node takes over and
+// fetches again, and every node pins within the bound.
+func TestHerdSimulatedBigLayerSlowLink(t *testing.T) {
+	const stall = 2 * time.Second
+	h, ref, size := startWith(t, herd.Options{StallTimeout: stall}, 1, 40<<20)
+	h.Upstream.SetRate(2 << 20)
+	res := h.ProvisionAll(provision.Want{Ref: ref}, nil)
+	h.Upstream.SetRate(0)
+	images := check(t, h, res, size, "")
+	samePin(t, res)
+	var longest time.Duration
+	for _, r := range res {
+		longest = max(longest, r.Duration)
+	}
+	if longest < 5*stall {
+		t.Errorf("the slowest node took %s: the link was not slow enough to outlast the progress deadline (%s) many times over", longest, stall)
+	}
+	limit := 1.25
+	if h.Nodes[0].Daemon.Major < 2 {
+		limit = float64(nodes) + 0.25 // Spegel serves no fresh pull on 1.x
+	}
+	if images > limit {
+		t.Errorf("upstream served %.2f images on containerd %s, want at most %.2f: a lease was lost to a fetch that kept moving", images, h.Nodes[0].Daemon.Version, limit)
+	}
+}
+
+// TestHerdSimulatedAPIServerRestarted: the API server goes away for 3 s
+// (a lease duration) while one node fetches and the others wait on its
+// lease, then comes back. The fetch goes on (its renewals fail, and are
+// made again once the server answers); the waiters' watches end and are
+// made again. Every node pins within the bound, none takes a second
+// image because of the outage alone, whatever it did meanwhile.
+func TestHerdSimulatedAPIServerRestarted(t *testing.T) {
+	h, ref, size := start(t)
+	h.Upstream.SetRate(slowLink)
+	restarted := make(chan error, 1)
+	go func() {
+		name := waitFetcher(t, h, size)
+		t.Logf("%s fetches: the API server stops for %s", name, lease)
+		h.Cluster.StopAPIServer()
+		time.Sleep(lease)
+		restarted <- h.Cluster.StartAPIServer()
+	}()
+	res := h.ProvisionAll(provision.Want{Ref: ref}, nil)
+	if err := <-restarted; err != nil {
+		t.Fatalf("API server not restarted: %v", err)
+	}
+	h.Upstream.SetRate(0)
+	images := check(t, h, res, size, "")
+	samePin(t, res)
+	// A waiter that saw the server gone for a lease duration fetches
+	// from upstream itself (the gate's rule); at worst each node takes
+	// one image, as without the gate.
 	if limit := float64(nodes) + 0.25; images > limit {
 		t.Errorf("upstream served %.2f images, more than one per node (%.2f)", images, limit)
 	}

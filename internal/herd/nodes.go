@@ -39,6 +39,9 @@ type Options struct {
 	MaxWait       time.Duration // default 2 min
 	// BlobDir keeps the upstream's blobs on disk (benchmarks).
 	BlobDir string
+	// StallTimeout is each node's progress deadline (registry.Config;
+	// default 60 s): a body that moves too little within it is cut.
+	StallTimeout time.Duration
 }
 
 // Herd is the simulated fleet.
@@ -183,7 +186,7 @@ func (h *Herd) startNode(t testing.TB, i int) (*Node, error) {
 	// hosts.toml names a mirror (containerd.WithKeepLayers' default).
 	rt, err := containerd.Connect(context.Background(), d.Address,
 		containerd.WithNamespace("k8s.io"),
-		containerd.WithRegistry(registry.New(registry.Config{HostsDir: n.CertsDir})),
+		containerd.WithRegistry(registry.New(registry.Config{HostsDir: n.CertsDir, StallTimeout: h.opts.StallTimeout})),
 		containerd.WithUnpack(unpack),
 		containerd.WithRuncRoot(d.RuncRoot),
 		containerd.WithFIFODir(filepath.Join(d.Dir, "fifo")),
