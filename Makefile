@@ -16,7 +16,7 @@ DAEMON_PKGS ?= ./containerd/... ./e2e/... ./faults/...
 STATICCHECK ?= $(GPUPIN_TOOLS)/staticcheck
 TESTFLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all deps deps-demo dist test-dist build build-nocgo image demo test test-short check test-helm test-cluster test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish bench-herd fuzz clean
+.PHONY: all deps deps-demo dist test-dist build build-nocgo image demo test test-short check test-helm test-cosign test-cluster test-containerd1 test-containerd2 test-containerd17 test-containerd21 require-root fmt bench bench-publish bench-herd fuzz clean
 
 all: build
 
