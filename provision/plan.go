@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	cimages "github.com/containerd/containerd/v2/core/images"
+
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/node"
@@ -56,8 +58,11 @@ type Plan struct {
 	Derived    bool               `json:"derived"`
 	Candidates []images.Candidate `json:"candidates"`
 	Rejected   []images.Rejection `json:"rejected"`
-	Outcome    string             `json:"outcome"`
-	Detail     string             `json:"detail,omitempty"`
+	// Index is the digest of the index the candidates were chosen from
+	// ("" for a lone manifest): a signature over it covers them too.
+	Index   string `json:"index,omitempty"`
+	Outcome string `json:"outcome"`
+	Detail  string `json:"detail,omitempty"`
 	// Pinned is the pin that answers as it is (OutcomePinned).
 	Pinned *containerd.Pin `json:"pinned,omitempty"`
 	// Held is the key's current pin, whoever made it: kept if this fails.
@@ -188,6 +193,9 @@ func (p *Provisioner) choose(ctx context.Context, pl *Plan, set *images.Set) err
 			return fmt.Errorf("override image: %w", err)
 		}
 		choice = images.Override{Kind: images.OverrideAuto}
+	}
+	if cimages.IsIndexType(set.MediaType) {
+		pl.Index = set.Digest
 	}
 	c := images.Choose(pl.Node, set, choice)
 	pl.Candidates, pl.Rejected, pl.Outcome, pl.Detail = c.Candidates, c.Rejected, c.Outcome, c.Detail

@@ -359,7 +359,7 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 	if p.opts.Verifier != nil {
 		st.Detail = "verifying the signature of " + c.Ref
 		p.emit(ctx, *st)
-		s, err := p.opts.Verifier.Verify(ctx, st.Engine, c.Variant, c.Ref, "")
+		s, err := p.opts.Verifier.Verify(ctx, st.Engine, c.Variant, c.Ref, pl.Index)
 		if err != nil {
 			fail("verify", err, "")
 			return pin, verdict, attempt

@@ -135,3 +135,36 @@ func TestProvisionSimulatedSignaturePolicy(t *testing.T) {
 	}
 	assertNoLeftovers(t, e.rt)
 }
+
+// A signature over the index the variants were chosen from covers them:
+// the index names each manifest by digest. Nothing else is signed; the
+// first choice is pinned, its record naming the index's digest as what
+// was verified.
+func TestProvisionSimulatedSignedIndex(t *testing.T) {
+	ctx := context.Background()
+	priv, pol := cosignKey(t)
+	e := setup(t, h100("580.82.07", "13.0"), []sandbox.EngineVariant{cu13, cu129},
+		provision.WithVerifier(&trust.Verifier{Policy: pol}))
+	tag, err := name.ParseReference(e.ref, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, err := remote.Head(tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	index := tag.Context().Digest(desc.Digest.String())
+	signRef(t, priv, index.String())
+
+	st := e.p.Provision(ctx, provision.Want{Ref: e.ref})
+	if st.State != provision.Ready || st.Variant != "cu13" {
+		t.Fatalf("state %s variant %s: %s (attempts %+v)", st.State, st.Variant, st.Detail, st.Attempts)
+	}
+	pins, err := e.rt.ListPins(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pins) != 1 || pins[0].Signed == nil || pins[0].Signed.Digest != desc.Digest.String() {
+		t.Fatalf("pins = %+v; want the index's digest %s as what was verified", pins, desc.Digest)
+	}
+}

@@ -27,7 +27,7 @@ func candidateSignatures(ctx context.Context, v *trust.Verifier, pl *provision.P
 	out := []candidateSignature{}
 	for _, cand := range pl.Candidates {
 		cs := candidateSignature{Variant: cand.Variant, Ref: cand.Ref}
-		s, err := v.Verify(ctx, pl.Engine, cand.Variant, cand.Ref, "")
+		s, err := v.Verify(ctx, pl.Engine, cand.Variant, cand.Ref, pl.Index)
 		switch {
 		case err != nil:
 			cs.Reason = err.Error()
