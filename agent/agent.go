@@ -3,8 +3,8 @@
 // embedder, with optional Prometheus metrics, a periodic pass that
 // restores pins other clients took, and node-feature-discovery labels.
 //
-// Start with Run and a RunConfig: a *containerd.Runtime (containerd.Connect) is
-// all it needs, and its zero value is the CLI's safe defaults (the
+// Start with Run and a RunConfig: a *containerd.Runtime (containerd.Connect),
+// or any RunRuntime, is all it needs, and its zero value is the CLI's safe defaults (the
 // operator's overrides file, the shared lock directory, NVML):
 //
 //	err := agent.Run(ctx, agent.RunConfig{

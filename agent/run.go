@@ -23,8 +23,10 @@ import (
 // NVML for node facts, a periodic pass every DefaultSweepEvery; no wants
 // file, API, metrics or NFD file unless named.
 type RunConfig struct {
-	// Runtime is containerd, in the namespace the pins live in.
-	Runtime *containerd.Runtime
+	// Runtime is containerd, in the namespace the pins live in: a
+	// *containerd.Runtime (containerd.Connect), or a stand-in that is all
+	// of RunRuntime.
+	Runtime RunRuntime
 	// Provision are the provisioner's options (node facts, GPUs, probe
 	// limits, …); the agent adds its logger, its overrides and metrics.
 	Provision []provision.Option
@@ -49,6 +51,28 @@ type RunConfig struct {
 	// MetricsAddress serves Prometheus metrics on HOST:PORT; "" serves none.
 	MetricsAddress string
 }
+
+// RunRuntime is everything Run asks of containerd, said in full
+// (*containerd.Runtime is all of it): the provisioner's runtime, the
+// agent's, and what Run reports of containerd at start. A stand-in that
+// lacks a part does not compile.
+type RunRuntime interface {
+	provision.Runtime
+	Runtime
+	StartReporter
+}
+
+// StartReporter is what Run logs of containerd at start: who keeps pins
+// from kubelet's image GC, the node-local names, where layer blobs go.
+// Each read writes nothing; one that fails is left out of the log.
+type StartReporter interface {
+	LocalPrefix() string
+	CRIPinning(ctx context.Context) (containerd.CRIPinning, error)
+	LocalNames(ctx context.Context) (containerd.LocalNames, error)
+	LayerStorage(ctx context.Context) (containerd.LayerStorage, error)
+}
+
+var _ RunRuntime = (*containerd.Runtime)(nil)
 
 // withDefaults fills in what the zero value leaves out.
 func (cfg RunConfig) withDefaults() RunConfig {
@@ -79,7 +103,9 @@ var defaultOverridesPath = images.DefaultOverridesPath
 // caller may close the runtime then. Nothing is served when a listener
 // cannot be made: Run returns that error having closed the others.
 func Run(ctx context.Context, cfg RunConfig) error {
-	if cfg.Runtime == nil {
+	// A nil *containerd.Runtime (a Connect not made) is as nil as none:
+	// compared as a value, it is the one a caller leaves by accident.
+	if cfg.Runtime == nil || cfg.Runtime == RunRuntime((*containerd.Runtime)(nil)) {
 		return errors.New("agent: RunConfig.Runtime is nil")
 	}
 	cfg = cfg.withDefaults()
@@ -161,7 +187,7 @@ func Run(ctx context.Context, cfg RunConfig) error {
 
 // logContainerd says what the agent found of containerd at start: who keeps
 // pins from kubelet's image GC, the node-local names, where layer blobs go.
-func logContainerd(ctx context.Context, log *slog.Logger, rt *containerd.Runtime) {
+func logContainerd(ctx context.Context, log *slog.Logger, rt RunRuntime) {
 	if cri, err := rt.CRIPinning(ctx); err == nil {
 		// Under Kubernetes this decides who keeps a pin from kubelet's
 		// image GC: the CRI plugin, or gpupin's restore.
