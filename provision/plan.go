@@ -60,7 +60,7 @@ type Plan struct {
 	Rejected   []images.Rejection `json:"rejected"`
 	// Index is the digest of the index the candidates were chosen from
 	// ("" for a lone manifest): a signature over it covers them too.
-	Index   string `json:"index,omitempty"`
+	Index   string `json:"-"`
 	Outcome string `json:"outcome"`
 	Detail  string `json:"detail,omitempty"`
 	// Pinned is the pin that answers as it is (OutcomePinned).
