@@ -241,7 +241,12 @@ keys:
 }
 
 // bundles reads the OCI referrers of h that hold Sigstore bundles and
-// verifies each with sigstore-go until one passes.
+// verifies each with sigstore-go until one passes. A referrer listed with
+// a bundle artifactType is one; so is one listed as the empty config's
+// media type (or none) whose manifest says it is one: registries that
+// report the config's media type instead of the manifest's artifactType
+// (go-containerregistry's own, `crane registry serve`) list cosign's
+// bundles that way.
 func (v *Verifier) bundles(ctx context.Context, rule Rule, repo name.Repository, h v1.Hash) (int, string, error) {
 	idx, err := remote.Referrers(repo.Digest(h.String()), v.opts(ctx)...)
 	if err != nil {
@@ -255,15 +260,28 @@ func (v *Verifier) bundles(ctx context.Context, rule Rule, repo name.Repository,
 		return 0, "", fmt.Errorf("referrers: %w", err)
 	}
 	var fails []string
-	n := 0
+	n, read := 0, 0
 	for _, d := range im.Manifests {
-		if !strings.HasPrefix(d.ArtifactType, BundleArtifactPrefix) {
+		listed := strings.HasPrefix(d.ArtifactType, BundleArtifactPrefix)
+		if !listed && d.ArtifactType != "" && d.ArtifactType != emptyMediaType {
 			continue
 		}
-		if n++; n > maxSignatures {
+		if read++; read > maxSignatures {
 			break
 		}
-		by, err := v.bundle(ctx, rule, repo, h, d)
+		m, err := v.referrer(ctx, repo, d)
+		if err != nil {
+			if listed {
+				n++
+				fails = append(fails, fmt.Sprintf("bundle %s: %v", d.Digest, err))
+			}
+			continue
+		}
+		if !listed && !isBundleManifest(m) {
+			continue // another kind of artifact
+		}
+		n++
+		by, err := v.bundle(ctx, rule, repo, h, m)
 		if err == nil {
 			return n, by, nil
 		}
@@ -275,15 +293,33 @@ func (v *Verifier) bundles(ctx context.Context, rule Rule, repo name.Repository,
 	return n, "", errors.New(strings.Join(fails, "; "))
 }
 
-func (v *Verifier) bundle(ctx context.Context, rule Rule, repo name.Repository, h v1.Hash, d v1.Descriptor) (string, error) {
+// emptyMediaType is the OCI empty descriptor's, the config cosign gives a
+// bundle referrer.
+const emptyMediaType = "application/vnd.oci.empty.v1+json"
+
+// isBundleManifest: a referrer manifest whose artifactType, or whose one
+// layer's media type, is a Sigstore bundle's.
+func isBundleManifest(m *v1.Manifest) bool {
+	if strings.HasPrefix(m.ArtifactType, BundleArtifactPrefix) {
+		return true
+	}
+	return len(m.Layers) == 1 && strings.HasPrefix(string(m.Layers[0].MediaType), BundleArtifactPrefix)
+}
+
+// referrer reads a referrer's manifest, bounded.
+func (v *Verifier) referrer(ctx context.Context, repo name.Repository, d v1.Descriptor) (*v1.Manifest, error) {
 	raw, err := v.get(ctx, repo.Digest(d.Digest.String()))
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	var m v1.Manifest
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return "", fmt.Errorf("manifest: %w", err)
+		return nil, fmt.Errorf("manifest: %w", err)
 	}
+	return &m, nil
+}
+
+func (v *Verifier) bundle(ctx context.Context, rule Rule, repo name.Repository, h v1.Hash, m *v1.Manifest) (string, error) {
 	if len(m.Layers) != 1 {
 		return "", fmt.Errorf("%d layers; a bundle referrer has one", len(m.Layers))
 	}
