@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/content"
+	remoteerrors "github.com/containerd/containerd/v2/core/remotes/errors"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -20,17 +22,20 @@ import (
 // before the copy or when a body breaks off during it, and one that
 // refuses the range (go-containerregistry's registry answers 416 to an
 // open one; proxies and CDNs differ) would fail every later pull of the
-// blob too, since the partial ingest stays. So where a copy fails with
-// part of the blob in, the ingest is dropped and the blob downloaded once
-// more from its start.
+// blob too, since the partial ingest stays. So where a copy with part of
+// the blob in fails on a refused range, the ingest is dropped and the blob
+// downloaded once more from its start. A registry that died mid-body is
+// left alone: the next attempt resumes from what arrived.
 func copyResuming(ctx context.Context, cs content.Store, ref string, cw content.Writer, open func() (io.ReadCloser, error), wrap func(io.Reader) io.Reader, desc ocispec.Descriptor, opts ...content.Opt) error {
 	ws, err := cw.Status()
 	if err != nil {
 		return fmt.Errorf("blob %s: %w", desc.Digest, err)
 	}
 	err = copyFrom(ctx, cw, open, wrap, desc, opts...)
-	if err == nil || ctx.Err() != nil || errdefs.IsFailedPrecondition(err) || errdefs.IsInvalidArgument(err) {
-		return err // wrong bytes (digest, size) come again from the start
+	if err == nil || ctx.Err() != nil || !resumeRefused(err) {
+		// A registry that died or stalled is retried by the next
+		// attempt, which resumes: what arrived is kept.
+		return err
 	}
 	offset := ws.Offset
 	if st, serr := cs.Status(ctx, ref); serr == nil {
@@ -87,6 +92,18 @@ func restartIngest(ctx context.Context, cs content.Store, ref string, desc ocisp
 		return content.OpenWriter(ctx, cs, content.WithRef(ref+"-"+strconv.FormatInt(time.Now().UnixNano(), 36)), content.WithDescriptor(desc))
 	}
 	return w, nil
+}
+
+// resumeRefused tells a refused range from a registry that failed: a 416,
+// or a not-found (containerd's fetcher reports the first host's error, so
+// a mirror's 404 hides the registry's 416 behind it). A dead or stalled
+// registry, or wrong bytes, are none of these.
+func resumeRefused(err error) bool {
+	var st remoteerrors.ErrUnexpectedStatus
+	if errors.As(err, &st) && st.StatusCode == http.StatusRequestedRangeNotSatisfiable {
+		return true
+	}
+	return errdefs.IsNotFound(err)
 }
 
 func copyFrom(ctx context.Context, cw content.Writer, open func() (io.ReadCloser, error), wrap func(io.Reader) io.Reader, desc ocispec.Descriptor, opts ...content.Opt) error {
