@@ -112,11 +112,14 @@ func (h *Herd) Bench(n *Node) (*BenchNode, error) {
 	return b, nil
 }
 
-// countedGate is h.gate with a client that counts its requests in c.
+// countedGate is the node's fetch gate wired as cmd/gpupin/fetchgate.go
+// wires the agent's, its client counting its requests in c (nil: none).
 func (h *Herd) countedGate(n *Node, c *APICount) (*fetchgate.Gate, error) {
 	cfg := h.Cluster.Config("gpupin:agent:" + n.Name)
 	cfg.Timeout = 5 * time.Second
-	cfg.Wrap(c.Wrap)
+	if c != nil {
+		cfg.Wrap(c.Wrap)
+	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("lease client: %w", err)

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"github.com/distribution/reference"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -223,32 +221,8 @@ func (h *Herd) startNode(t testing.TB, i int) (*Node, error) {
 }
 
 // gate is the node's fetch gate wired as cmd/gpupin/fetchgate.go wires the
-// agent's: mirrors from the node's hosts configuration, an image record
-// of the digested name counts as local.
-func (h *Herd) gate(n *Node) (*fetchgate.Gate, error) {
-	cfg := h.Cluster.Config("gpupin:agent:" + n.Name)
-	cfg.Timeout = 5 * time.Second
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("lease client: %w", err)
-	}
-	rt := n.Runtime
-	return fetchgate.New(cs.CoordinationV1(), LeaseNamespace, n.Name,
-		fetchgate.WithLeaseDuration(h.opts.LeaseDuration),
-		fetchgate.WithMaxWait(h.opts.MaxWait),
-		fetchgate.WithMirrors(func(ctx context.Context, ref string) ([]string, error) {
-			named, err := reference.ParseNormalizedNamed(ref)
-			if err != nil {
-				return nil, fmt.Errorf("reference %s: %w", ref, err)
-			}
-			m, err := rt.Registry().Mirrors(ctx, reference.Domain(named))
-			return m.Hosts, err
-		}),
-		fetchgate.WithLocal(func(ctx context.Context, ref string) bool {
-			_, err := rt.Client().ImageService().Get(namespaces.WithNamespace(ctx, rt.Namespace()), ref)
-			return err == nil
-		}))
-}
+// agent's (countedGate, counting nothing).
+func (h *Herd) gate(n *Node) (*fetchgate.Gate, error) { return h.countedGate(n, nil) }
 
 // Result is one node's provision.
 type Result struct {
