@@ -39,6 +39,9 @@ type BuildOptions struct {
 	// Compression encodes the layers: gpupin's own as asked, and the
 	// base's re-encoded to match (Publish's option of that name).
 	Compression Compression
+	// BeforeTag is Publish's option of that name: run after every
+	// manifest is pushed by digest, before the tags (signing).
+	BeforeTag func(ctx context.Context, res *Result) error
 }
 
 // BuiltImage is one variant image for one platform.
@@ -102,6 +105,7 @@ func Build(ctx context.Context, opts BuildOptions) (*BuildResult, error) {
 		AllowPartialPlatforms: opts.AllowPartialPlatforms,
 		Registry:              opts.Registry,
 		Compression:           opts.Compression,
+		BeforeTag:             opts.BeforeTag,
 	}
 	popts.Registry = popts.policy()
 	if s.Repository == "" {
@@ -152,7 +156,7 @@ func Build(ctx context.Context, opts BuildOptions) (*BuildResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := p.push(ctx, popts); err != nil {
+		if err := p.push(ctx, popts, pr); err != nil {
 			return nil, err
 		}
 		pr.Verified = true

@@ -72,6 +72,12 @@ type PublishOptions struct {
 	// publishes them as they are. The configs, and so the diff IDs, do not
 	// change; the children are new manifests.
 	Compression Compression
+	// BeforeTag, when set, runs once every manifest is pushed by digest
+	// (children, alias indexes, the index) and before any tag is written:
+	// publish --sign-key signs there, so no tag ever names an unsigned
+	// manifest that a node with a required policy would refuse. Its error
+	// fails the publish with no tag written.
+	BeforeTag func(ctx context.Context, res *Result) error
 }
 
 // Entry is one index entry: one variant on one platform.
@@ -148,7 +154,7 @@ func Publish(ctx context.Context, opts PublishOptions) (*Result, error) {
 	if opts.DryRun {
 		return res, nil
 	}
-	if err := p.push(ctx, opts); err != nil {
+	if err := p.push(ctx, opts, res); err != nil {
 		return nil, err
 	}
 	res.Verified = true
@@ -160,8 +166,9 @@ func Publish(ctx context.Context, opts PublishOptions) (*Result, error) {
 // HEAD; blobs in another repository of the same registry are mounted);
 // then it reads the index back by digest as nodes would, through the
 // registry policy, so a registry nodes cannot read gets no tag; then the
-// alias tags, then the tag, then reads it all back.
-func (p *plan) push(ctx context.Context, opts PublishOptions) error {
+// alias indexes by digest; then opts.BeforeTag (signing); then the alias
+// tags, then the tag, then reads it all back.
+func (p *plan) push(ctx context.Context, opts PublishOptions, res *Result) error {
 	policy := opts.policy()
 	explain := func(err error) error { return policy.Explain(err, p.tag.RegistryStr()) }
 	pusher, err := remote.NewPusher(p.ropts...)
@@ -178,6 +185,20 @@ func (p *plan) push(ctx context.Context, opts PublishOptions) error {
 	}
 	if err := p.nodeView(ctx, policy, byDigest.String()); err != nil {
 		return fmt.Errorf("publish %s: pushed by digest, but nodes could not read it back (tag not written): %w", p.tag, err)
+	}
+	for _, a := range p.aliases {
+		d, err := a.index.Digest()
+		if err != nil {
+			return fmt.Errorf("publish %s: alias %s digest: %w", p.tag, a.tag, err)
+		}
+		if err := pusher.Push(ctx, a.tag.Context().Digest(d.String()), a.index); err != nil {
+			return explain(fmt.Errorf("publish %s: alias %s by digest (tag not written): %w", p.tag, a.tag, err))
+		}
+	}
+	if opts.BeforeTag != nil {
+		if err := opts.BeforeTag(ctx, res); err != nil {
+			return fmt.Errorf("publish %s: pushed by digest, tag not written: %w", p.tag, err)
+		}
 	}
 	for _, a := range p.aliases {
 		if err := pusher.Push(ctx, a.tag, a.index); err != nil {

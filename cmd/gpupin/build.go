@@ -20,7 +20,7 @@ func buildCommand() *cli.Command {
 		Description: "Reproducible: every timestamp is SOURCE_DATE_EPOCH (default 0), tar entries are sorted, owned by 0:0 " +
 			"and their modes normalised, so the same inputs give the same digests and changing one file changes only " +
 			"its layer. --push publishes as `gpupin publish` does, to repository:version, with the metadata on the " +
-			"child manifests too; with --sign-key, every manifest pushed is then signed as cosign sign --key does.",
+			"child manifests too; with --sign-key, every manifest pushed is signed as cosign sign --key does, before the tags are written.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Value: "gpupin.yaml", Usage: "spec `FILE`"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "write an OCI layout to `DIR`"},
@@ -64,6 +64,7 @@ func runBuild(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	var sigs []trust.Signed
 	res, err := build.Build(c.Context, build.BuildOptions{
 		Spec:                  spec,
 		Output:                c.String("output"),
@@ -72,19 +73,14 @@ func runBuild(c *cli.Context) error {
 		AllowPartialPlatforms: c.Bool("allow-partial-platforms"),
 		Registry:              policy,
 		Compression:           comp,
+		BeforeTag:             signBeforeTag(signer, &sigs),
 	})
 	if err != nil {
 		return err
 	}
-	var sigs []trust.Signed
 	if res.Publish != nil {
 		for _, w := range res.Publish.Warnings {
 			fmt.Fprintln(os.Stderr, "gpupin: warning:", w)
-		}
-		if signer != nil {
-			if sigs, err = signPublished(c.Context, signer, res.Publish); err != nil {
-				return err
-			}
 		}
 	}
 	if jsonOut(c) {

@@ -53,7 +53,9 @@ func publishCommand() *cli.Command {
 			"another variant has is refused unless --allow-partial-platforms. Registries are reached as nodes reach them: " +
 			"--hosts-dir (certs.d: CA, client certificates, skip_verify), plain HTTP only for loopback and --insecure-registry, " +
 			"the Docker config's credentials. With --sign-key, every manifest written (the variants', the aliases', the index) " +
-			"is then signed as cosign sign --key does; a signature that cannot be made or pushed fails the publish.",
+			"is signed as cosign sign --key does once it is pushed by digest and before any tag is written, so a node " +
+			"requiring a signature never sees the new tag unsigned; a signature that cannot be made or pushed fails the " +
+			"publish with the tags as they were.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "tag", Aliases: []string{"t"}, Usage: "`REPO:VERSION` to publish (required)"},
 			&cli.GenericFlag{Name: "variant", Value: &listValue{}, Usage: "`NAME=REF` of a variant image; repeat, in preference order for ties"},
@@ -123,18 +125,14 @@ func runPublish(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	var sigs []trust.Signed
+	opts.BeforeTag = signBeforeTag(signer, &sigs)
 	res, err := build.Publish(c.Context, opts)
 	if err != nil {
 		return err
 	}
 	for _, w := range res.Warnings {
 		fmt.Fprintln(os.Stderr, "gpupin: warning:", w)
-	}
-	var sigs []trust.Signed
-	if signer != nil && !opts.DryRun {
-		if sigs, err = signPublished(c.Context, signer, res); err != nil {
-			return err
-		}
 	}
 	switch {
 	case jsonOut(c):
@@ -173,13 +171,27 @@ func publishSigner(c *cli.Context, policy *registry.Policy, what string) (*trust
 	return &trust.Signer{Key: key, Transport: policy.Transport(c.Context), Keychain: policy.Keychain()}, nil
 }
 
+// signBeforeTag is publish's and build's BeforeTag for --sign-key (nil
+// without one): signatures land before the tags that make their manifests
+// reachable, so a node whose policy requires one never sees the new tag
+// unsigned. What was signed goes to *out.
+func signBeforeTag(s *trust.Signer, out *[]trust.Signed) func(context.Context, *build.Result) error {
+	if s == nil {
+		return nil
+	}
+	return func(ctx context.Context, res *build.Result) error {
+		sigs, err := signPublished(ctx, s, res)
+		*out = sigs
+		return err
+	}
+}
+
 // signPublished signs, by digest, every manifest a publish wrote: each
 // entry's (the variant manifests nodes choose, and verify), each alias
 // index and the index (what cosign verify of the tag or an alias checks,
-// and what a node passing the index digest may find signed). The tag is
-// already there: until the last signature lands, nodes whose policy
-// requires one refuse it, which fails closed; a rerun signs what is left
-// and adds nothing where this key's signature is already.
+// and what a node passing the index digest may find signed). It runs
+// before any tag is written; a rerun adds nothing where this key's
+// signature is already.
 func signPublished(ctx context.Context, s *trust.Signer, res *build.Result) ([]trust.Signed, error) {
 	tag, err := name.NewTag(res.Tag)
 	if err != nil {
@@ -209,7 +221,7 @@ func signPublished(ctx context.Context, s *trust.Signer, res *build.Result) ([]t
 	for _, d := range digests {
 		sg, err := s.Sign(ctx, tag.Context().Digest(d))
 		if err != nil {
-			return out, fmt.Errorf("publish %s: pushed %s, but signing failed after %d of %d signatures (the tag is there; nodes whose policy requires a signature refuse it until a rerun signs it): %w", res.Tag, res.Digest, len(out), len(digests), err)
+			return out, fmt.Errorf("signing failed after %d of %d signatures (the tags are as they were; a rerun signs the rest): %w", len(out), len(digests), err)
 		}
 		out = append(out, sg)
 	}

@@ -144,7 +144,7 @@ func checkSigned(t *testing.T, pubPath string, p published) {
 // build --push --sign-key`, with a key cosign generated, write what
 // cosign's verification accepts for the tag, the aliases and every
 // variant manifest; a wrong password pushes nothing; a refused signature
-// push fails the command, saying the tag is there unsigned.
+// push fails the command and writes no tag (signatures go before tags).
 func TestCLISignKeyCosignVerifies(t *testing.T) {
 	bin := gpupinBinary(t)
 	dir := t.TempDir()
@@ -232,10 +232,15 @@ func TestCLISignKeyCosignVerifies(t *testing.T) {
 		refuseSigs.Store(true)
 		defer refuseSigs.Store(false)
 		_, msg, code := gpupinRun(t, bin, dir, password, publish("4.0")...)
-		for _, w := range []string{"publish " + host + "/org/vllm:4.0: pushed sha256:", "signing failed", "sign " + host + "/org/vllm@sha256:", "push signature image", "DENIED"} {
+		for _, w := range []string{"publish " + host + "/org/vllm:4.0: pushed by digest, tag not written", "signing failed", "sign " + host + "/org/vllm@sha256:", "push signature image", "DENIED"} {
 			if code == 0 || !strings.Contains(msg, w) {
 				t.Fatalf("exit %d: %q lacks %q", code, msg, w)
 			}
+		}
+		_, err := remote.Head(mustTag(t, host+"/org/vllm:4.0"))
+		var te *transport.Error
+		if !errors.As(err, &te) || te.StatusCode != http.StatusNotFound {
+			t.Fatalf("the tag after a refused signature: %v; want none", err)
 		}
 	})
 }
