@@ -16,7 +16,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
+	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/gpupin/gpupin/containerd"
@@ -30,10 +32,20 @@ import (
 // Runtime is containerd held in memory, safe for concurrent use: a test
 // says how pulls and probes go (FailPull, SetProbe) and reads what
 // happened (Pulled, Probed, Passes) while the code under test runs.
+//
+// Its pin store keeps image records, the content they point at and each
+// key's proof, as containerd's does (containerd/pins), so that what
+// internal/runtimetest.Conformance holds containerd to, it holds here too:
+// a held key, previous pins, candidates, and recovery of a pin whose
+// record another client deleted.
 type Runtime struct {
 	mu      sync.Mutex
-	pins    []containerd.Pin
-	pulls   []string // references, in order
+	records map[string]*record        // image records, by name
+	content map[string]bool           // the digests whose content is there
+	proofs  map[string]containerd.Pin // the pin each key's proof names, by key
+	locals  map[string]string         // the node-local name of each key's pin
+	clock   time.Time                 // containerd's: every write is later than the last
+	pulls   []string                  // references, in order
 	runs    []string
 	sweeps  int
 	recover int
@@ -43,10 +55,20 @@ type Runtime struct {
 	exit    map[string]int
 }
 
+// record is an image record: a candidate a pull made, or a pin (current,
+// or previous) with its labels.
+type record struct {
+	name, digest string
+	candidate    bool
+	pin          *containerd.Pin
+	updated      time.Time
+}
+
 // New is an empty runtime: no pins, every pull succeeds and every probe
 // prints a passing verdict on the simulated H100 (testenv.H100).
 func New() *Runtime {
-	return &Runtime{pullErr: map[string]error{}, output: map[string]string{}, exit: map[string]int{}}
+	return &Runtime{records: map[string]*record{}, content: map[string]bool{}, proofs: map[string]containerd.Pin{}, locals: map[string]string{},
+		pullErr: map[string]error{}, output: map[string]string{}, exit: map[string]int{}}
 }
 
 // FailPull makes pulls of ref fail with err; nil: succeed again.
@@ -67,59 +89,245 @@ func (m *Runtime) SetProbe(image, output string, code int) {
 	m.output[image], m.exit[image] = output, code
 }
 
+// AddPin makes p a pin as if an earlier provision had: its record, its
+// content and its proof, with no pull or probe.
+func (m *Runtime) AddPin(p containerd.Pin) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, d, _ := strings.Cut(p.Ref, "@")
+	if p.Digest != "" {
+		d = p.Digest
+	}
+	m.records[p.Ref] = &record{name: p.Ref, digest: d}
+	m.content[d] = true
+	m.setPin(m.records[p.Ref], p)
+}
+
+// Has reports whether an image record of that name exists: an image, or
+// a pin's node-local name.
+func (m *Runtime) Has(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, l := range m.locals {
+		if l == name {
+			return true
+		}
+	}
+	return m.records[name] != nil
+}
+
+// DeleteRecord deletes the image record as another client of containerd
+// would (kubelet's image GC, crictl rmi); its content stays, as a pin's
+// lease keeps it.
+func (m *Runtime) DeleteRecord(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.records, name)
+}
+
+// LoseImage deletes the record and its content: nothing is left to
+// restore it from.
+func (m *Runtime) LoseImage(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := m.records[name]; r != nil {
+		delete(m.content, r.digest)
+	}
+	delete(m.records, name)
+}
+
 var _ provision.Runtime = (*Runtime)(nil)
 
-// Pins lists the pins (nothing to restore in memory).
-func (m *Runtime) Pins(ctx context.Context) ([]containerd.Pin, error) { return m.ListPins(ctx) }
+// now is the clock's next tick: later than every write before it.
+func (m *Runtime) now() time.Time {
+	t := time.Now().UTC()
+	if !t.After(m.clock) {
+		t = m.clock.Add(time.Nanosecond)
+	}
+	m.clock = t
+	return t
+}
 
-// ListPins lists the pins.
+// Pins lists the pins, recovering first, as containerd's does.
+func (m *Runtime) Pins(context.Context) ([]containerd.Pin, error) {
+	m.mu.Lock()
+	done := m.recoverLocked()
+	pins, f := m.listLocked(), m.foreign
+	m.mu.Unlock()
+	tell(f, done)
+	return pins, nil
+}
+
+// tell hands f the foreign records among done, as containerd's
+// OnForeign callback hears of them.
+func tell(f func(containerd.Recovered), done []containerd.Recovered) {
+	for _, d := range done {
+		if f != nil && d.Action == "foreign" {
+			f(d)
+		}
+	}
+}
+
+// ListPins lists the pins as held now: it only reads.
 func (m *Runtime) ListPins(context.Context) ([]containerd.Pin, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return slices.Clone(m.pins), nil
+	return m.listLocked(), nil
 }
 
-// PreviousPins lists none.
-func (m *Runtime) PreviousPins(context.Context) ([]containerd.Pin, error) { return nil, nil }
+// current is the key's pin record (the newest written), or nil.
+func (m *Runtime) current(key string) *record {
+	var best *record
+	for _, r := range m.records {
+		if r.pin == nil || r.pin.Previous || r.pin.Key != key {
+			continue
+		}
+		if best == nil || r.updated.After(best.updated) || (r.updated.Equal(best.updated) && r.name > best.name) {
+			best = r
+		}
+	}
+	return best
+}
 
-// SetPin keeps one pin a key, and refuses another source's without
-// Takeover, as containerd's does.
+func (m *Runtime) listLocked() []containerd.Pin {
+	keys := map[string]bool{}
+	for _, r := range m.records {
+		if r.pin != nil && !r.pin.Previous {
+			keys[r.pin.Key] = true
+		}
+	}
+	out := make([]containerd.Pin, 0, len(keys))
+	for k := range keys {
+		r := m.current(k)
+		p := *r.pin
+		p.UpdatedAt = r.updated
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b containerd.Pin) int { return strings.Compare(a.Key, b.Key) })
+	return out
+}
+
+// PreviousPins lists the records kept for rollback.
+func (m *Runtime) PreviousPins(context.Context) ([]containerd.Pin, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []containerd.Pin
+	for _, r := range m.records {
+		if r.pin != nil && r.pin.Previous {
+			p := *r.pin
+			p.UpdatedAt = r.updated
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b containerd.Pin) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
+}
+
+// SetPin makes p.Ref, a record that is there, the pin of p.Key. It
+// refuses another source's key without Takeover; the pin it replaces
+// becomes the previous one, and an older previous is let go, as
+// containerd's does.
 func (m *Runtime) SetPin(_ context.Context, p containerd.Pin, opts containerd.SetPinOptions) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for i, old := range m.pins {
-		if old.Key != p.Key {
-			continue
-		}
-		if old.Source != p.Source && !opts.Takeover {
-			return &containerd.HeldError{Key: p.Key, Ref: old.Ref, Source: old.Source, Claimed: p.Source}
-		}
-		m.pins[i] = p
-		return nil
+	rec := m.records[p.Ref]
+	switch {
+	case rec == nil:
+		return fmt.Errorf("pin %s: image record %s: %w", p.Key, p.Ref, errdefs.ErrNotFound)
+	case p.Digest != "" && p.Digest != rec.digest:
+		return fmt.Errorf("pin %s: %s points at %s, but %s was probed", p.Key, p.Ref, rec.digest, p.Digest)
+	case rec.pin != nil && !rec.pin.Previous && rec.pin.Key != p.Key:
+		return fmt.Errorf("pin %s: %s is already the pin of %s; one image record holds one pin", p.Key, p.Ref, rec.pin.Key)
 	}
-	m.pins = append(m.pins, p)
+	if !opts.Takeover {
+		for _, o := range m.records {
+			if o.pin != nil && !o.pin.Previous && o.pin.Key == p.Key && o.name != p.Ref && o.pin.Source != p.Source {
+				return &containerd.HeldError{Key: p.Key, Ref: o.name, Source: o.pin.Source, Claimed: p.Source}
+			}
+		}
+	}
+	m.setPin(rec, p)
 	return nil
 }
 
-// Unpin removes the key's pin, as an operator's `gpupin unpin` would;
-// false: there was none.
-func (m *Runtime) Unpin(key string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	n := len(m.pins)
-	m.pins = slices.DeleteFunc(m.pins, func(p containerd.Pin) bool { return p.Key == key })
-	return len(m.pins) != n
+// setPin labels rec as the key's pin, writes its proof and demotes the
+// key's other records.
+func (m *Runtime) setPin(rec *record, p containerd.Pin) {
+	p.Digest, p.Previous, p.Tampered, p.Restored = rec.digest, false, false, time.Time{}
+	p.Local = containerd.DefaultLocalPrefix + "/" + p.Key
+	rec.pin, rec.candidate, rec.updated = &p, false, m.now()
+	m.proofs[p.Key] = p
+	m.locals[p.Key] = p.Local
+	for _, o := range m.records {
+		if o != rec && o.pin != nil && !o.pin.Previous && o.pin.Key == p.Key {
+			m.demote(o)
+		}
+	}
+	// One previous is kept for rollback: the newest.
+	var prev []*record
+	for _, o := range m.records {
+		if o.pin != nil && o.pin.Previous && o.pin.Key == p.Key {
+			prev = append(prev, o)
+		}
+	}
+	slices.SortFunc(prev, func(a, b *record) int { return b.updated.Compare(a.updated) })
+	for _, o := range prev[min(1, len(prev)):] {
+		o.pin = nil
+	}
 }
 
-// DiscardCandidate does nothing: nothing was staged.
-func (m *Runtime) DiscardCandidate(context.Context, string) error { return nil }
+// demote makes r a previous pin: the labels that say how it was proved
+// stay, the key's local name goes.
+func (m *Runtime) demote(r *record) {
+	p := *r.pin
+	p.Previous, p.Local, p.Restored = true, "", time.Time{}
+	r.pin, r.updated = &p, m.now()
+}
+
+// Unpin removes the pin of key (the record stays, as a previous pin) and
+// its proof, so nothing restores it; not found when there is neither.
+func (m *Runtime) Unpin(_ context.Context, key string) (*containerd.Pin, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	proof, proved := m.proofs[key]
+	cur := m.current(key)
+	if cur == nil && !proved {
+		return nil, fmt.Errorf("unpin %s: %w", key, errdefs.ErrNotFound)
+	}
+	p := proof
+	if cur != nil {
+		p = *cur.pin
+		p.Local = ""
+	}
+	delete(m.proofs, key)
+	delete(m.locals, key)
+	for _, r := range m.records {
+		if r.pin != nil && !r.pin.Previous && r.pin.Key == key {
+			m.demote(r)
+		}
+	}
+	return &p, nil
+}
+
+// DiscardCandidate removes a record a pull made for a candidate that did
+// not pass; never a pin, never a record of another kind.
+func (m *Runtime) DiscardCandidate(_ context.Context, name string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := m.records[name]; r != nil && r.candidate && r.pin == nil {
+		delete(m.records, name)
+	}
+	return nil
+}
 
 // WithLease runs fn.
 func (m *Runtime) WithLease(ctx context.Context, fn func(context.Context) error) error {
 	return fn(ctx)
 }
 
-// Pull records ref and fails it as PullErr says.
+// Pull records ref and fails it as FailPull says. A pull makes a
+// candidate's record, or answers from the record already there (a pin,
+// perhaps) without making one (Created false), as containerd's does.
 func (m *Runtime) Pull(_ context.Context, ref string, _ containerd.PullOptions) (containerd.Pulled, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -127,7 +335,12 @@ func (m *Runtime) Pull(_ context.Context, ref string, _ containerd.PullOptions) 
 	if err := m.pullErr[ref]; err != nil {
 		return containerd.Pulled{}, err
 	}
+	if r := m.records[ref]; r != nil {
+		return containerd.Pulled{Name: ref, Digest: r.digest}, nil
+	}
 	_, digest, _ := strings.Cut(ref, "@")
+	m.records[ref] = &record{name: ref, digest: digest, candidate: true, updated: m.now()}
+	m.content[digest] = true
 	return containerd.Pulled{Name: ref, Digest: digest, Created: true}, nil
 }
 
@@ -168,12 +381,51 @@ func (m *Runtime) SweepOrphans(context.Context) (containerd.Swept, error) {
 	return containerd.Swept{}, nil
 }
 
-// Recover counts the pass; nothing was taken, so nothing is restored.
+// Recover counts the pass and restores what recoverLocked restores.
 func (m *Runtime) Recover(context.Context) ([]containerd.Recovered, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.recover++
-	return nil, nil
+	done, f := m.recoverLocked(), m.foreign
+	m.mu.Unlock()
+	tell(f, done)
+	return done, nil
+}
+
+// recoverLocked puts back the record of a pin that another client
+// deleted, while its content remains. A pin whose content went too is not
+// restored: its proof and local name go, and the engine is proved again;
+// containerd's store reports that local name as foreign (the pin its
+// marker names is gone) and removed, and so does this.
+func (m *Runtime) recoverLocked() []containerd.Recovered {
+	keys := make([]string, 0, len(m.proofs))
+	for k := range m.proofs {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var out []containerd.Recovered
+	for _, key := range keys {
+		p := m.proofs[key]
+		if cur := m.current(key); cur != nil && cur.name == p.Ref {
+			continue
+		}
+		if m.records[p.Ref] == nil && m.content[p.Digest] {
+			rec := &record{name: p.Ref, digest: p.Digest}
+			m.records[p.Ref] = rec
+			m.setPin(rec, p)
+			rec.pin.Restored = rec.updated.Truncate(time.Second)
+			out = append(out, containerd.Recovered{Key: key, Ref: p.Ref, Action: "recreated",
+				Detail: "its record had been deleted (kubelet's image GC, crictl rmi); its content remained"})
+			continue
+		}
+		delete(m.proofs, key)
+		if l, ok := m.locals[key]; ok {
+			delete(m.locals, key)
+			out = append(out, containerd.Recovered{Key: key, Ref: l, Action: "foreign",
+				Detail: fmt.Sprintf("%s, on %s, names the pin %s, which this node does not have (labels copied from another node's record); this node has no pin of %s: removed",
+					l, p.Digest, p.Ref, key)})
+		}
+	}
+	return out
 }
 
 // OnForeign keeps f: Foreign hands it a record.
