@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpupin/gpupin/internal/memrt"
 	"github.com/gpupin/gpupin/provision"
 )
 
@@ -42,7 +43,7 @@ func (c *stubCanary) Await(ctx context.Context, class, key string, note func(str
 // everything and hands its verdict on after; a canary that cannot be
 // asked costs nothing but the saving.
 func TestCanaryVerdictSkipsWhatFailedSimulated(t *testing.T) {
-	set := engineSet(demoRef, "demo", "1.0")
+	set := memrt.EngineSet(demoRef, "demo", "1.0")
 	cu13, cu129 := set.Variants[0], set.Variants[1]
 	for _, tc := range []struct {
 		name      string
@@ -72,11 +73,12 @@ func TestCanaryVerdictSkipsWhatFailedSimulated(t *testing.T) {
 			state: provision.Ready, variant: cu13.Variant, pulled: []string{cu13.Ref}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := newMemRuntime()
-			m.output[cu13.Ref], m.output[cu129.Ref] = passing(), passing()
+			m := memrt.New()
+			m.SetProbe(cu13.Ref, memrt.Passing(), 0)
+			m.SetProbe(cu129.Ref, memrt.Passing(), 0)
 			var mu sync.Mutex
 			var waiting []string
-			p := memProvisioner(t, m, memResolver{demoRef: set}, h100("580.82.07", "13.0"), provision.WithCanary(tc.canary),
+			p := memProvisioner(t, m, memrt.Resolver{demoRef: set}, h100("580.82.07", "13.0"), provision.WithCanary(tc.canary),
 				provision.WithOnState(func(st provision.Status) {
 					if st.Canary != "" && st.State == provision.Resolving {
 						mu.Lock()
@@ -88,7 +90,7 @@ func TestCanaryVerdictSkipsWhatFailedSimulated(t *testing.T) {
 			if st.State != tc.state || st.Variant != tc.variant {
 				t.Fatalf("state %s variant %q, want %s %q: %s", st.State, st.Variant, tc.state, tc.variant, st.Detail)
 			}
-			if got := m.pulled(); !slices.Equal(got, tc.pulled) {
+			if got := m.Pulled(); !slices.Equal(got, tc.pulled) {
 				t.Errorf("pulled %v, want %v", got, tc.pulled)
 			}
 			var stages []string

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gpupin/gpupin/internal/memrt"
 	"github.com/gpupin/gpupin/provision"
 )
 
@@ -38,7 +39,7 @@ func (g *stubGate) Fetch(ctx context.Context, ref string, note func(string), pul
 // status's detail; a gate that returns without pulling fails that
 // candidate's pull (never a pull behind its back), and nothing is pinned.
 func TestFetchGateOrdersEveryPull(t *testing.T) {
-	set := engineSet(demoRef, "demo", "1.0")
+	set := memrt.EngineSet(demoRef, "demo", "1.0")
 	for _, tc := range []struct {
 		name      string
 		skip      error
@@ -51,12 +52,13 @@ func TestFetchGateOrdersEveryPull(t *testing.T) {
 		{name: "gate ends without a pull", skip: context.Canceled, wantState: provision.Failed, wantPulls: 0, wantAsked: 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := newMemRuntime()
-			m.output[set.Variants[0].Ref], m.output[set.Variants[1].Ref] = passing(), passing()
+			m := memrt.New()
+			m.SetProbe(set.Variants[0].Ref, memrt.Passing(), 0)
+			m.SetProbe(set.Variants[1].Ref, memrt.Passing(), 0)
 			g := &stubGate{skip: tc.skip}
 			var details []string
 			var mu sync.Mutex
-			p := memProvisioner(t, m, memResolver{demoRef: set}, h100("580.82.07", "13.0"), provision.WithFetchGate(g),
+			p := memProvisioner(t, m, memrt.Resolver{demoRef: set}, h100("580.82.07", "13.0"), provision.WithFetchGate(g),
 				provision.WithOnState(func(st provision.Status) {
 					if st.State == provision.Pulling {
 						mu.Lock()
@@ -71,7 +73,7 @@ func TestFetchGateOrdersEveryPull(t *testing.T) {
 			if len(g.asked) == 0 || g.asked[0] != set.Variants[0].Ref {
 				t.Errorf("gate asked %v, want %s first", g.asked, set.Variants[0].Ref)
 			}
-			if got := len(m.pulled()); got != tc.wantPulls || g.pulled != tc.wantPulls {
+			if got := len(m.Pulled()); got != tc.wantPulls || g.pulled != tc.wantPulls {
 				t.Errorf("runtime pulls %d, gate pulls %d, want %d", got, g.pulled, tc.wantPulls)
 			}
 			if len(g.asked) != tc.wantAsked {
@@ -90,7 +92,7 @@ func TestFetchGateOrdersEveryPull(t *testing.T) {
 			}
 		})
 	}
-	if _, err := provision.New(newMemRuntime(), provision.WithFetchGate(nil)); err == nil {
+	if _, err := provision.New(memrt.New(), provision.WithFetchGate(nil)); err == nil {
 		t.Error("WithFetchGate(nil) accepted")
 	}
 }

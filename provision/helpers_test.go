@@ -2,8 +2,13 @@ package provision_test
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 
+	"github.com/gpupin/gpupin/internal/memrt"
+	"github.com/gpupin/gpupin/internal/testenv"
+	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
 	"github.com/gpupin/gpupin/provision"
 )
@@ -17,4 +22,23 @@ func probeFailure(t *testing.T, st provision.Status) *probe.Failure {
 		t.Fatalf("%s; want failed, ErrAllFailed over a *probe.Failure (err %v)", st, st.Err)
 	}
 	return f
+}
+
+// memProvisioner is a Provisioner over m and sets on the simulated H100,
+// with stand-in probe programs (the probe never runs them: m prints).
+func memProvisioner(t *testing.T, m *memrt.Runtime, sets memrt.Resolver, facts *node.Facts, extra ...provision.Option) *provision.Provisioner {
+	t.Helper()
+	dir := t.TempDir()
+	bin := func(name string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	opts := []provision.Option{provision.WithNode(node.Static{Facts: facts}), provision.WithResolver(sets),
+		provision.WithOverrides(provision.NoOverrides()), provision.WithLockDir(filepath.Join(dir, "locks")),
+		provision.WithProbeDir(filepath.Join(dir, "probe")), provision.WithCUDAProbe(bin("gpupin-cuda-probe")),
+		provision.WithSimProbe(bin("gpupin-sim-probe"))}
+	return testenv.Provisioner(t, m, append(opts, extra...)...)
 }

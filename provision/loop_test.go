@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/internal/memrt"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/probe"
@@ -427,15 +428,16 @@ func TestLoopSimulatedRegistryDownKeepsReady(t *testing.T) {
 }
 
 // The fast tier: a failing engine is retried after RetryMin, doubling up
-// to the re-check interval, on memRuntime in a bubble of its own.
+// to the re-check interval, on memrt.Runtime in a bubble of its own.
 func TestLoopBackoffSimulated(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		set := engineSet(demoRef, "demo", "1.0")
-		failing := verdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}})
-		m := newMemRuntime()
-		m.output[set.Variants[0].Ref], m.output[set.Variants[1].Ref] = failing, failing
+		set := memrt.EngineSet(demoRef, "demo", "1.0")
+		failing := memrt.VerdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}})
+		m := memrt.New()
+		m.SetProbe(set.Variants[0].Ref, failing, 0)
+		m.SetProbe(set.Variants[1].Ref, failing, 0)
 		rec := &recorder{}
-		p := memProvisioner(t, m, memResolver{demoRef: set}, h100("580.82.07", "13.0"))
+		p := memProvisioner(t, m, memrt.Resolver{demoRef: set}, h100("580.82.07", "13.0"))
 		loop := provision.NewLoop(p, provision.LoopOptions{RetryMin: time.Minute, Recheck: 10 * time.Minute, NodeCheck: time.Hour,
 			OnChange: rec.change, OnResult: rec.result})
 		ctx, cancel := context.WithCancel(t.Context())
@@ -467,7 +469,7 @@ func TestLoopBackoffSimulated(t *testing.T) {
 		}
 		// A fix is picked up at the next retry, and the engine is then
 		// looked at again only at the re-check.
-		delete(m.output, set.Variants[0].Ref)
+		m.SetProbe(set.Variants[0].Ref, memrt.Passing(), 0) // as if never set: the default verdict
 		before := rec.nResults()
 		time.Sleep(10*time.Minute + time.Second)
 		synctest.Wait()

@@ -9,11 +9,12 @@ import (
 
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/internal/memrt"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/provision"
 )
 
-// The fast tier (go test -short): Plan on memRuntime and memResolver.
+// The fast tier (go test -short): Plan on memrt.Runtime and memrt.Resolver.
 
 const demoRef = "registry.test/org/demo:1.0"
 
@@ -26,7 +27,7 @@ func candidateNames(pl *provision.Plan) []string {
 }
 
 func TestPlanOrdersVariantsForTheNodeSimulated(t *testing.T) {
-	sets := memResolver{demoRef: engineSet(demoRef, "demo", "1.0")}
+	sets := memrt.Resolver{demoRef: memrt.EngineSet(demoRef, "demo", "1.0")}
 	for _, tc := range []struct {
 		name     string
 		facts    *node.Facts
@@ -41,7 +42,7 @@ func TestPlanOrdersVariantsForTheNodeSimulated(t *testing.T) {
 		{"no driver", &node.Facts{Platform: "linux/amd64", Unsupported: "no NVIDIA driver"}, images.OutcomeUnsupported, nil, nil, provision.ErrUnsupported},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := memProvisioner(t, newMemRuntime(), sets, tc.facts)
+			p := memProvisioner(t, memrt.New(), sets, tc.facts)
 			pl, err := p.Plan(t.Context(), provision.Want{Ref: demoRef})
 			if err != nil {
 				t.Fatal(err)
@@ -66,7 +67,7 @@ func TestPlanOrdersVariantsForTheNodeSimulated(t *testing.T) {
 // The want's override, else the operator's for the engine, else auto.
 func TestPlanOverridePrecedenceSimulated(t *testing.T) {
 	custom := "registry.test/org/demo-custom:1"
-	sets := memResolver{demoRef: engineSet(demoRef, "demo", "1.0"), custom: engineSet(custom, "demo", "1.0")}
+	sets := memrt.Resolver{demoRef: memrt.EngineSet(demoRef, "demo", "1.0"), custom: memrt.EngineSet(custom, "demo", "1.0")}
 	for _, tc := range []struct {
 		name      string
 		want      string // the want's override
@@ -92,7 +93,7 @@ func TestPlanOverridePrecedenceSimulated(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			p := memProvisioner(t, newMemRuntime(), sets, h100("580.82.07", "13.0"), provision.WithOverrides(ov))
+			p := memProvisioner(t, memrt.New(), sets, h100("580.82.07", "13.0"), provision.WithOverrides(ov))
 			pl, err := p.Plan(t.Context(), provision.Want{Ref: demoRef, Override: tc.want})
 			if err != nil {
 				t.Fatal(err)
@@ -126,10 +127,10 @@ func TestPlanPinAnswersWithoutTheRegistrySimulated(t *testing.T) {
 		{"another driver", provision.Want{Ref: demoRef}, h100("575.57.08", "12.9"), "registry"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := newMemRuntime()
-			m.pins = []containerd.Pin{pin}
+			m := memrt.New()
+			m.AddPin(pin)
 			// No sets: a plan that reads the registry fails, and says so.
-			p := memProvisioner(t, m, memResolver{}, tc.node)
+			p := memProvisioner(t, m, memrt.Resolver{}, tc.node)
 			pl, err := p.Plan(t.Context(), tc.want)
 			switch {
 			case tc.outcome == "registry" && (err == nil || !strings.Contains(err.Error(), "not found in the test's registry")):
@@ -151,8 +152,8 @@ func TestPlanRefusesAWantThatDoesNotReadSimulated(t *testing.T) {
 		{Ref: demoRef, Engine: "Demo"},
 		{Ref: demoRef, Engine: "demo", Version: "1.0 beta"},
 	} {
-		m := newMemRuntime()
-		p := memProvisioner(t, m, memResolver{}, h100("580.82.07", "13.0"))
+		m := memrt.New()
+		p := memProvisioner(t, m, memrt.Resolver{}, h100("580.82.07", "13.0"))
 		if _, err := p.Plan(t.Context(), w); !errors.Is(err, provision.ErrInvalidWant) {
 			t.Errorf("Plan(%+v): %v, want ErrInvalidWant", w, err)
 		}
@@ -162,8 +163,8 @@ func TestPlanRefusesAWantThatDoesNotReadSimulated(t *testing.T) {
 		if err := provision.NewLoop(p, provision.LoopOptions{}).SetWants([]provision.Want{w}); !errors.Is(err, provision.ErrInvalidWant) {
 			t.Errorf("SetWants(%+v): %v, want ErrInvalidWant", w, err)
 		}
-		if len(m.pulled()) != 0 {
-			t.Errorf("%+v: pulled %v", w, m.pulled())
+		if len(m.Pulled()) != 0 {
+			t.Errorf("%+v: pulled %v", w, m.Pulled())
 		}
 	}
 }

@@ -5,12 +5,13 @@ import (
 	"testing"
 
 	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/internal/memrt"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
 	"github.com/gpupin/gpupin/probe"
 )
 
-// The fast tier: how a probe's output is judged (Probe), on memRuntime.
+// The fast tier: how a probe's output is judged (Probe), on memrt.Runtime.
 func TestProbeJudgesTheVerdictSimulated(t *testing.T) {
 	h100Device := probe.Device{Index: 0, UUID: testenv.H100UUID, Name: "NVIDIA H100 80GB HBM3", CC: "9.0", TFLOPS: 400}
 	real := *h100("580.82.07", "13.0")
@@ -24,14 +25,14 @@ func TestProbeJudgesTheVerdictSimulated(t *testing.T) {
 		checks    int    // simulated checks the verdict keeps
 		twoGPUs   bool   // the node has a second GPU the verdict does not name
 	}{
-		{"simulated: a passing verdict", true, passing(), 0, "", 1, false},
-		{"simulated: a verdict that names no simulated check", true, verdictLine(probe.Verdict{OK: true, Devices: []probe.Device{h100Device}}), 0, "", 1, false},
-		{"simulated: a GPU missing", true, passing(), 0, "did not compute on all of the node's 2 GPUs; missing GPU 1 (NVIDIA H100 80GB HBM3, GPU-second)", 0, true},
-		{"GPUs: a passing verdict", false, verdictLine(probe.Verdict{OK: true, Devices: []probe.Device{h100Device}}), 0, "", 0, false},
-		{"GPUs: simulated checks prove nothing", false, passing(), 0, "simulated checks on a node with GPUs", 0, false},
-		{"GPUs: another GPU's UUID", false, verdictLine(probe.Verdict{OK: true, Devices: []probe.Device{{Index: 0, UUID: "GPU-other", CC: "9.0"}}}), 0, "missing", 0, false},
-		{"ok:false", true, verdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}, Detail: "gemm mismatch"}), 1, "probe failed", 0, false},
-		{"ok:true contradicted by the exit code", true, passing(), 3, "probe failed", 0, false},
+		{"simulated: a passing verdict", true, memrt.Passing(), 0, "", 1, false},
+		{"simulated: a verdict that names no simulated check", true, memrt.VerdictLine(probe.Verdict{OK: true, Devices: []probe.Device{h100Device}}), 0, "", 1, false},
+		{"simulated: a GPU missing", true, memrt.Passing(), 0, "did not compute on all of the node's 2 GPUs; missing GPU 1 (NVIDIA H100 80GB HBM3, GPU-second)", 0, true},
+		{"GPUs: a passing verdict", false, memrt.VerdictLine(probe.Verdict{OK: true, Devices: []probe.Device{h100Device}}), 0, "", 0, false},
+		{"GPUs: simulated checks prove nothing", false, memrt.Passing(), 0, "simulated checks on a node with GPUs", 0, false},
+		{"GPUs: another GPU's UUID", false, memrt.VerdictLine(probe.Verdict{OK: true, Devices: []probe.Device{{Index: 0, UUID: "GPU-other", CC: "9.0"}}}), 0, "missing", 0, false},
+		{"ok:false", true, memrt.VerdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}, Detail: "gemm mismatch"}), 1, "probe failed", 0, false},
+		{"ok:true contradicted by the exit code", true, memrt.Passing(), 3, "probe failed", 0, false},
 		{"no verdict", true, "Segmentation fault\n", 139, "probe failed", 0, false},
 		{"garbled verdict", true, probe.LinePrefix + "{\"ok\":tr\n", 0, "probe failed", 0, false},
 		{"a verdict without devices", true, probe.LinePrefix + "{\"ok\":true}\n", 0, "devices", 0, false},
@@ -44,9 +45,9 @@ func TestProbeJudgesTheVerdictSimulated(t *testing.T) {
 			if tc.twoGPUs {
 				facts.GPUs = append(facts.GPUs, node.GPU{Index: 1, UUID: "GPU-second", Name: "NVIDIA H100 80GB HBM3", CC: "9.0"})
 			}
-			m := newMemRuntime()
-			m.output["img"], m.exit["img"] = tc.output, tc.exit
-			p := memProvisioner(t, m, memResolver{}, facts)
+			m := memrt.New()
+			m.SetProbe("img", tc.output, tc.exit)
+			p := memProvisioner(t, m, memrt.Resolver{}, facts)
 			v, _, err := p.Probe(t.Context(), "img", images.Metadata{Variant: "cu13"}, "demo", facts)
 			switch {
 			case tc.fails == "" && err != nil:

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
+	"github.com/gpupin/gpupin/internal/memrt"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/node"
@@ -478,11 +478,11 @@ func TestProvisionSimulatedNeverReplacesHardwarePin(t *testing.T) {
 	})
 }
 
-// The fast tier: the order of attempts and fallback, on memRuntime.
+// The fast tier: the order of attempts and fallback, on memrt.Runtime.
 func TestProvisionFallbackOrderSimulated(t *testing.T) {
-	set := engineSet(demoRef, "demo", "1.0")
+	set := memrt.EngineSet(demoRef, "demo", "1.0")
 	cu13Ref, cu129Ref := set.Variants[0].Ref, set.Variants[1].Ref
-	failing := verdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}, Detail: "gemm mismatch"})
+	failing := memrt.VerdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}, Detail: "gemm mismatch"})
 	for _, tc := range []struct {
 		name     string
 		override string
@@ -501,17 +501,21 @@ func TestProvisionFallbackOrderSimulated(t *testing.T) {
 		{"a forced variant does not fall back", "cu13", nil, map[string]string{cu13Ref: failing}, provision.Failed, "", []string{"cu13/probe"}, []string{cu13Ref}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := newMemRuntime()
-			maps.Copy(m.pullErr, tc.pullErr)
-			maps.Copy(m.output, tc.output)
-			p := memProvisioner(t, m, memResolver{demoRef: set}, h100("580.82.07", "13.0"))
+			m := memrt.New()
+			for ref, err := range tc.pullErr {
+				m.FailPull(ref, err)
+			}
+			for ref, out := range tc.output {
+				m.SetProbe(ref, out, 0)
+			}
+			p := memProvisioner(t, m, memrt.Resolver{demoRef: set}, h100("580.82.07", "13.0"))
 			st := p.Provision(t.Context(), provision.Want{Ref: demoRef, Override: tc.override})
 			var attempts []string
 			for _, a := range st.Attempts {
 				attempts = append(attempts, a.Variant+"/"+a.Stage)
 			}
-			if st.State != tc.state || st.Variant != tc.variant || !slices.Equal(attempts, tc.attempts) || !slices.Equal(m.pulled(), tc.pulls) {
-				t.Fatalf("%s, variant %q, attempts %v, pulls %v; want %s, %q, %v, %v", st, st.Variant, attempts, m.pulled(), tc.state, tc.variant, tc.attempts, tc.pulls)
+			if st.State != tc.state || st.Variant != tc.variant || !slices.Equal(attempts, tc.attempts) || !slices.Equal(m.Pulled(), tc.pulls) {
+				t.Fatalf("%s, variant %q, attempts %v, pulls %v; want %s, %q, %v, %v", st, st.Variant, attempts, m.Pulled(), tc.state, tc.variant, tc.attempts, tc.pulls)
 			}
 			pins, _ := m.ListPins(t.Context())
 			if tc.state == provision.Ready && (len(pins) != 1 || pins[0].Variant != tc.variant || pins[0].Key != "demo:1.0") {
@@ -527,16 +531,16 @@ func TestProvisionFallbackOrderSimulated(t *testing.T) {
 // A failed provision never changes a working pin: the earlier one stays,
 // and the status names it.
 func TestProvisionFailureKeepsTheEarlierPinSimulated(t *testing.T) {
-	set := engineSet(demoRef, "demo", "1.0")
+	set := memrt.EngineSet(demoRef, "demo", "1.0")
 	facts := h100("580.82.07", "13.0")
-	m := newMemRuntime()
-	p := memProvisioner(t, m, memResolver{demoRef: set}, facts)
+	m := memrt.New()
+	p := memProvisioner(t, m, memrt.Resolver{demoRef: set}, facts)
 	if st := p.Provision(t.Context(), provision.Want{Ref: demoRef}); st.State != provision.Ready {
 		t.Fatal(st)
 	}
 	before, _ := m.ListPins(t.Context())
-	failing := verdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}})
-	m.output[set.Variants[1].Ref] = failing
+	failing := memrt.VerdictLine(probe.Verdict{OK: false, Devices: []probe.Device{}})
+	m.SetProbe(set.Variants[1].Ref, failing, 0)
 	st := p.Provision(t.Context(), provision.Want{Ref: demoRef, Override: "cu129"})
 	after, _ := m.ListPins(t.Context())
 	if st.State != provision.Failed || !slices.Equal(before, after) {
@@ -576,7 +580,7 @@ func TestNewRefuses(t *testing.T) {
 	}
 	// Without containerd (nil), Plan reads no pins and the rest say so.
 	p, err := provision.New(nil, provision.WithNode(node.Static{Facts: h100("580.82.07", "13.0")}),
-		provision.WithResolver(memResolver{demoRef: engineSet(demoRef, "demo", "1.0")}), provision.WithOverrides(provision.NoOverrides()))
+		provision.WithResolver(memrt.Resolver{demoRef: memrt.EngineSet(demoRef, "demo", "1.0")}), provision.WithOverrides(provision.NoOverrides()))
 	if err != nil {
 		t.Fatal(err)
 	}
