@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpupin/gpupin/trust"
+	"github.com/gpupin/gpupin/trust/trusttest"
 )
 
 // countingTransport counts the response bytes the verifier reads.
@@ -38,10 +39,10 @@ func (b *countingBody) Read(p []byte) (int, error) {
 func BenchmarkVerifyClassic(b *testing.B) {
 	dir := b.TempDir()
 	ci := newKey(b, dir, "ci.pub")
-	pol := policy(b, dir, "engines:\n  vllm: {mode: required, keys: [ci.pub]}\n")
-	g := newReg(b)
-	img := g.push(b, "org/vllm")
-	signClassic(b, ci, img, img, nil)
+	pol := trusttest.Policy(b, dir, "engines:\n  vllm: {mode: required, keys: [ci.pub]}\n")
+	g := trusttest.NewRegistry(b, true)
+	img := g.Push(b, "org/vllm")
+	trusttest.SignClassic(b, ci, img, img, nil)
 	ct := &countingTransport{}
 	v := &trust.Verifier{Policy: pol, Transport: ct}
 	b.ResetTimer()

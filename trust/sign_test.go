@@ -26,63 +26,13 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/secure-systems-lab/go-securesystemslib/encrypted"
-	"github.com/sigstore/sigstore/pkg/cryptoutils"
 	"github.com/sigstore/sigstore/pkg/signature/payload"
 
 	"github.com/gpupin/gpupin/trust"
+	"github.com/gpupin/gpupin/trust/trusttest"
 )
 
 const testPassword = "correct horse battery staple"
-
-// cosignKeyFile writes priv as cosign generate-key-pair writes a pair:
-// BASE.key, PKCS #8 encrypted with go-securesystemslib's encrypted package
-// under a PEM block of pemType, and BASE.pub. It returns the .key's path.
-func cosignKeyFile(t testing.TB, dir, base string, priv crypto.Signer, password, pemType string) string {
-	t.Helper()
-	der, err := x509.MarshalPKCS8PrivateKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	enc, err := encrypted.Encrypt(der, []byte(password))
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyPath := filepath.Join(dir, base+".key")
-	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: pemType, Bytes: enc}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	pub, err := cryptoutils.MarshalPublicKeyToPEM(priv.Public())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, base+".pub"), pub, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return keyPath
-}
-
-func p256(t testing.TB) *ecdsa.PrivateKey {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
-func loadSignKey(t testing.TB, path, password string) *trust.SignKey {
-	t.Helper()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k, err := trust.LoadSignKey(path, raw, []byte(password))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
 
 // sigManifest reads the sha256-<hex>.sig manifest of d.
 func sigManifest(t testing.TB, d name.Digest) *v1.Manifest {
@@ -105,19 +55,19 @@ func sigManifest(t testing.TB, d name.Digest) *v1.Manifest {
 // and a rerun adds nothing.
 func TestSignVerifies(t *testing.T) {
 	dir := t.TempDir()
-	ci := loadSignKey(t, cosignKeyFile(t, dir, "ci", p256(t), testPassword, trust.SigstorePrivateKeyPEM), testPassword)
+	ci := trusttest.LoadSignKey(t, trusttest.WriteCosignKey(t, dir, "ci", trusttest.P256(t), testPassword, trust.SigstorePrivateKeyPEM), testPassword)
 	other := newKey(t, dir, "other.pub")
-	onlyCI := policy(t, dir, "default: {mode: required, keys: [ci.pub]}\n")
+	onlyCI := trusttest.Policy(t, dir, "default: {mode: required, keys: [ci.pub]}\n")
 	cases := []struct {
 		name string
 		// run signs in g and returns the image to verify, the index digest
 		// to pass, and what the last Sign said.
-		run func(t *testing.T, g *reg, s *trust.Signer) (img name.Digest, index string, last trust.Signed)
+		run func(t *testing.T, g *trusttest.Registry, s *trust.Signer) (img name.Digest, index string, last trust.Signed)
 		// signatures is how many the image's (or the index's) tag holds.
 		signatures int
 	}{
-		{"variant manifest", func(t *testing.T, g *reg, s *trust.Signer) (name.Digest, string, trust.Signed) {
-			img := g.push(t, "org/vllm")
+		{"variant manifest", func(t *testing.T, g *trusttest.Registry, s *trust.Signer) (name.Digest, string, trust.Signed) {
+			img := g.Push(t, "org/vllm")
 			out, err := s.Sign(context.Background(), img)
 			if err != nil {
 				t.Fatal(err)
@@ -127,8 +77,8 @@ func TestSignVerifies(t *testing.T) {
 			}
 			return img, "", out
 		}, 1},
-		{"rerun adds nothing", func(t *testing.T, g *reg, s *trust.Signer) (name.Digest, string, trust.Signed) {
-			img := g.push(t, "org/vllm")
+		{"rerun adds nothing", func(t *testing.T, g *trusttest.Registry, s *trust.Signer) (name.Digest, string, trust.Signed) {
+			img := g.Push(t, "org/vllm")
 			first, err := s.Sign(context.Background(), img)
 			if err != nil {
 				t.Fatal(err)
@@ -142,22 +92,22 @@ func TestSignVerifies(t *testing.T) {
 			}
 			return img, "", again
 		}, 1},
-		{"beside another signer's", func(t *testing.T, g *reg, s *trust.Signer) (name.Digest, string, trust.Signed) {
-			img := g.push(t, "org/vllm")
-			signClassic(t, other, img, img, nil)
+		{"beside another signer's", func(t *testing.T, g *trusttest.Registry, s *trust.Signer) (name.Digest, string, trust.Signed) {
+			img := g.Push(t, "org/vllm")
+			trusttest.SignClassic(t, other, img, img, nil)
 			out, err := s.Sign(context.Background(), img)
 			if err != nil {
 				t.Fatal(err)
 			}
 			// The other signer's signature is still there and still good.
-			pol := policy(t, dir, "default: {mode: required, keys: [other.pub]}\n")
+			pol := trusttest.Policy(t, dir, "default: {mode: required, keys: [other.pub]}\n")
 			if _, err := (&trust.Verifier{Policy: pol}).Verify(context.Background(), "vllm", "cu13", img.String(), ""); err != nil {
 				t.Fatalf("the other signer's signature: %v", err)
 			}
 			return img, "", out
 		}, 2},
-		{"index", func(t *testing.T, g *reg, s *trust.Signer) (name.Digest, string, trust.Signed) {
-			img, idx := g.push(t, "org/vllm"), g.push(t, "org/vllm") // idx stands in for the index
+		{"index", func(t *testing.T, g *trusttest.Registry, s *trust.Signer) (name.Digest, string, trust.Signed) {
+			img, idx := g.Push(t, "org/vllm"), g.Push(t, "org/vllm") // idx stands in for the index
 			out, err := s.Sign(context.Background(), idx)
 			if err != nil {
 				t.Fatal(err)
@@ -167,7 +117,7 @@ func TestSignVerifies(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			g := newReg(t)
+			g := trusttest.NewRegistry(t, true)
 			img, index, out := tc.run(t, g, &trust.Signer{Key: ci})
 			signedRef := img
 			if index != "" {
@@ -253,7 +203,7 @@ func TestLoadSignKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := cosignKeyFile(t, dir, "good", p256(t), testPassword, trust.SigstorePrivateKeyPEM)
+	good := trusttest.WriteCosignKey(t, dir, "good", trusttest.P256(t), testPassword, trust.SigstorePrivateKeyPEM)
 	damaged := filepath.Join(dir, "damaged.key")
 	{
 		raw, _ := os.ReadFile(good)
@@ -265,7 +215,7 @@ func TestLoadSignKey(t *testing.T) {
 	}
 	plain := filepath.Join(dir, "plain.key")
 	{
-		der, _ := x509.MarshalECPrivateKey(p256(t))
+		der, _ := x509.MarshalECPrivateKey(trusttest.P256(t))
 		if err := os.WriteFile(plain, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -279,16 +229,16 @@ func TestLoadSignKey(t *testing.T) {
 		want                 string // "" loads
 	}{
 		{"sigstore PEM type", good, testPassword, ""},
-		{"cosign PEM type", cosignKeyFile(t, dir, "old", p256(t), testPassword, trust.CosignPrivateKeyPEM), testPassword, ""},
-		{"empty password", cosignKeyFile(t, dir, "nopass", p256(t), "", trust.SigstorePrivateKeyPEM), "", ""},
-		{"RSA", cosignKeyFile(t, dir, "rsa", rk, testPassword, trust.SigstorePrivateKeyPEM), testPassword, ""},
+		{"cosign PEM type", trusttest.WriteCosignKey(t, dir, "old", trusttest.P256(t), testPassword, trust.CosignPrivateKeyPEM), testPassword, ""},
+		{"empty password", trusttest.WriteCosignKey(t, dir, "nopass", trusttest.P256(t), "", trust.SigstorePrivateKeyPEM), "", ""},
+		{"RSA", trusttest.WriteCosignKey(t, dir, "rsa", rk, testPassword, trust.SigstorePrivateKeyPEM), testPassword, ""},
 		{"wrong password", good, "hunter2", "wrong password"},
 		{"damaged", damaged, testPassword, "decrypt"},
 		{"plain PEM key", plain, testPassword, `PEM type "EC PRIVATE KEY"`},
 		{"not PEM", notPEM, testPassword, "not PEM"},
-		{"P-384", cosignKeyFile(t, dir, "p384", p384, testPassword, trust.SigstorePrivateKeyPEM), testPassword, ""},
-		{"Ed25519", cosignKeyFile(t, dir, "ed", ed, testPassword, trust.SigstorePrivateKeyPEM), testPassword, ""},
-		{"RSA of 1024 bits", cosignKeyFile(t, dir, "rsa1024", rk1024, testPassword, trust.SigstorePrivateKeyPEM), testPassword, "unsupported"},
+		{"P-384", trusttest.WriteCosignKey(t, dir, "p384", p384, testPassword, trust.SigstorePrivateKeyPEM), testPassword, ""},
+		{"Ed25519", trusttest.WriteCosignKey(t, dir, "ed", ed, testPassword, trust.SigstorePrivateKeyPEM), testPassword, ""},
+		{"RSA of 1024 bits", trusttest.WriteCosignKey(t, dir, "rsa1024", rk1024, testPassword, trust.SigstorePrivateKeyPEM), testPassword, "unsupported"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -306,7 +256,7 @@ func TestLoadSignKey(t *testing.T) {
 					t.Fatalf("name %q", k.Name)
 				}
 				// The name is the one a policy listing the .pub gives.
-				pol := policy(t, dir, fmt.Sprintf("default: {mode: required, keys: [%s.pub]}\n", base))
+				pol := trusttest.Policy(t, dir, fmt.Sprintf("default: {mode: required, keys: [%s.pub]}\n", base))
 				if got := pol.For("x").Keys[0].Name; got != k.Name {
 					t.Fatalf("key named %q, the policy names its public key %q", k.Name, got)
 				}
@@ -323,7 +273,7 @@ func TestLoadSignKey(t *testing.T) {
 // as cosign reads it; unset, the error says where it is read.
 func TestLoadSignKeyFilePassword(t *testing.T) {
 	dir := t.TempDir()
-	path := cosignKeyFile(t, dir, "ci", p256(t), testPassword, trust.SigstorePrivateKeyPEM)
+	path := trusttest.WriteCosignKey(t, dir, "ci", trusttest.P256(t), testPassword, trust.SigstorePrivateKeyPEM)
 	cases := []struct {
 		name string
 		env  *string
@@ -367,15 +317,15 @@ func ptr(s string) *string { return &s }
 // as nodes read: each an error naming the image, nothing half-written.
 func TestSignRefused(t *testing.T) {
 	dir := t.TempDir()
-	ci := loadSignKey(t, cosignKeyFile(t, dir, "ci", p256(t), testPassword, trust.SigstorePrivateKeyPEM), testPassword)
+	ci := trusttest.LoadSignKey(t, trusttest.WriteCosignKey(t, dir, "ci", trusttest.P256(t), testPassword, trust.SigstorePrivateKeyPEM), testPassword)
 	isSigTag := func(r *http.Request) bool { return strings.HasSuffix(r.URL.Path, ".sig") }
 	cases := []struct {
 		name  string
-		setup func(t *testing.T, g *reg, img name.Digest)
+		setup func(t *testing.T, g *trusttest.Registry, img name.Digest)
 		want  string
 	}{
-		{"push refused", func(t *testing.T, g *reg, _ name.Digest) {
-			g.wrap = func(w http.ResponseWriter, r *http.Request) bool {
+		{"push refused", func(t *testing.T, g *trusttest.Registry, _ name.Digest) {
+			g.Wrap = func(w http.ResponseWriter, r *http.Request) bool {
 				if r.Method == http.MethodPut && isSigTag(r) {
 					http.Error(w, `{"errors":[{"code":"DENIED","message":"no pushes of signatures here"}]}`, http.StatusForbidden)
 					return true
@@ -383,8 +333,8 @@ func TestSignRefused(t *testing.T) {
 				return false
 			}
 		}, "push signature image sha256-"},
-		{"read fails", func(t *testing.T, g *reg, _ name.Digest) {
-			g.wrap = func(w http.ResponseWriter, r *http.Request) bool {
+		{"read fails", func(t *testing.T, g *trusttest.Registry, _ name.Digest) {
+			g.Wrap = func(w http.ResponseWriter, r *http.Request) bool {
 				if r.Method != http.MethodPut && isSigTag(r) {
 					http.Error(w, `{"errors":[{"code":"DENIED","message":"no reads of signatures here"}]}`, http.StatusForbidden)
 					return true
@@ -392,7 +342,7 @@ func TestSignRefused(t *testing.T) {
 				return false
 			}
 		}, "read signature image sha256-"},
-		{"full signature tag", func(t *testing.T, g *reg, img name.Digest) {
+		{"full signature tag", func(t *testing.T, g *trusttest.Registry, img name.Digest) {
 			base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 			for i := 0; i < 32; i++ {
 				var err error
@@ -409,8 +359,8 @@ func TestSignRefused(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			g := newReg(t)
-			img := g.push(t, "org/vllm")
+			g := trusttest.NewRegistry(t, true)
+			img := g.Push(t, "org/vllm")
 			tc.setup(t, g, img)
 			_, err := (&trust.Signer{Key: ci}).Sign(context.Background(), img)
 			if err == nil || !strings.HasPrefix(err.Error(), "sign "+img.String()+": ") || !strings.Contains(err.Error(), tc.want) {
@@ -446,17 +396,17 @@ func TestSignKeyTypes(t *testing.T) {
 		name string
 		priv crypto.Signer
 	}{{"p256", ecKey(elliptic.P256())}, {"p384", ecKey(elliptic.P384())}, {"p521", ecKey(elliptic.P521())}, {"ed25519", ed}, {"rsa3072", rk}}
-	otherOnly := policy(t, dir, "default: {mode: required, keys: [other.pub]}\n")
+	otherOnly := trusttest.Policy(t, dir, "default: {mode: required, keys: [other.pub]}\n")
 	for _, k := range keys {
 		t.Run(k.name, func(t *testing.T) {
-			key := loadSignKey(t, cosignKeyFile(t, dir, k.name, k.priv, testPassword, trust.SigstorePrivateKeyPEM), testPassword)
-			g := newReg(t)
-			img := g.push(t, "org/vllm")
+			key := trusttest.LoadSignKey(t, trusttest.WriteCosignKey(t, dir, k.name, k.priv, testPassword, trust.SigstorePrivateKeyPEM), testPassword)
+			g := trusttest.NewRegistry(t, true)
+			img := g.Push(t, "org/vllm")
 			if _, err := (&trust.Signer{Key: key}).Sign(context.Background(), img); err != nil {
 				t.Fatal(err)
 			}
 			checkCosignLayout(t, img, 1)
-			pol := policy(t, dir, fmt.Sprintf("default: {mode: required, keys: [%s.pub]}\n", k.name))
+			pol := trusttest.Policy(t, dir, fmt.Sprintf("default: {mode: required, keys: [%s.pub]}\n", k.name))
 			s, err := (&trust.Verifier{Policy: pol}).Verify(context.Background(), "vllm", "cu13", img.String(), "")
 			if err != nil || s.By != key.Name {
 				t.Fatalf("Verify = %+v, %v; want signed by %s", s, err, key.Name)

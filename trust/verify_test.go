@@ -15,10 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,11 +23,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -41,107 +34,19 @@ import (
 	"github.com/sigstore/sigstore-go/pkg/bundle"
 	"github.com/sigstore/sigstore-go/pkg/root"
 	"github.com/sigstore/sigstore-go/pkg/testing/ca"
-	"github.com/sigstore/sigstore/pkg/cryptoutils"
 	"github.com/sigstore/sigstore/pkg/signature"
 	"github.com/sigstore/sigstore/pkg/signature/options"
-	"github.com/sigstore/sigstore/pkg/signature/payload"
 
 	"github.com/gpupin/gpupin/trust"
+	"github.com/gpupin/gpupin/trust/trusttest"
 )
 
-// reg is a go-containerregistry registry on loopback, behind a handler
-// wrapper a test can set to misbehave for some paths.
-type reg struct {
-	host string
-	wrap func(w http.ResponseWriter, r *http.Request) bool // true: handled
-}
-
-func newReg(t testing.TB) *reg {
+// newKey is a P-256 key whose public half is dir/file.
+func newKey(t testing.TB, dir, file string) *ecdsa.PrivateKey {
 	t.Helper()
-	g := &reg{}
-	inner := registry.New(registry.WithReferrersSupport(true), registry.Logger(nopLogger()))
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if g.wrap != nil && g.wrap(w, r) {
-			return
-		}
-		inner.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	g.host = strings.TrimPrefix(srv.URL, "http://")
-	return g
-}
-
-// push writes a random image and returns its repo@digest.
-func (g *reg) push(t testing.TB, repo string) name.Digest {
-	t.Helper()
-	img, err := random.Image(256, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref, err := name.ParseReference(g.host+"/"+repo+":v1", name.Insecure)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, img); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := img.Digest()
-	return ref.Context().Digest(d.String())
-}
-
-type keyPair struct {
-	priv    *ecdsa.PrivateKey
-	pubFile string
-}
-
-func newKey(t testing.TB, dir, file string) keyPair {
-	t.Helper()
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pem, err := cryptoutils.MarshalPublicKeyToPEM(priv.Public())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, file)
-	if err := os.WriteFile(p, pem, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return keyPair{priv: priv, pubFile: p}
-}
-
-// signClassic writes cosign's classic signature of `over` into the
-// sha256-<hex>.sig tag of `at`, as cosign sign --key does; mangle may
-// change the base64 signature.
-func signClassic(t testing.TB, k keyPair, at, over name.Digest, mangle func(string) string) {
-	t.Helper()
-	body, err := json.Marshal(payload.Cosign{Image: over})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := signature.LoadSigner(k.priv, crypto.SHA256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sig, err := s.SignMessage(strings.NewReader(string(body)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b64 := base64.StdEncoding.EncodeToString(sig)
-	if mangle != nil {
-		b64 = mangle(b64)
-	}
-	l := static.NewLayer(body, "application/vnd.dev.cosign.simplesigning.v1+json")
-	img, err := mutate.Append(mutate.MediaType(empty.Image, types.OCIManifestSchema1), mutate.Addendum{Layer: l, Annotations: map[string]string{trust.AnnotationSignature: b64}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, _ := v1.NewHash(at.DigestStr())
-	tag := at.Context().Tag(fmt.Sprintf("%s-%s.sig", h.Algorithm, h.Hex))
-	if err := remote.Write(tag, img); err != nil {
-		t.Fatal(err)
-	}
+	k := trusttest.P256(t)
+	trusttest.WritePub(t, dir, file, k.Public())
+	return k
 }
 
 // pushBundleReferrer writes body as a Sigstore bundle referrer of at.
@@ -184,43 +89,30 @@ type rawManifest struct {
 func (r rawManifest) RawManifest() ([]byte, error)        { return r.b, nil }
 func (r rawManifest) MediaType() (types.MediaType, error) { return r.mt, nil }
 
-func policy(t testing.TB, dir, text string) *trust.Policy {
-	t.Helper()
-	p := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	pol, err := trust.Load(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pol
-}
-
 // TestVerifyClassic: cosign's sha256-<hex>.sig scheme against a real
 // registry, each bad signature refused with engine, variant and why.
 func TestVerifyClassic(t *testing.T) {
 	dir := t.TempDir()
 	ci := newKey(t, dir, "ci.pub")
 	other := newKey(t, dir, "other.pub")
-	pol := policy(t, dir, "engines:\n  vllm:\n    mode: required\n    keys: [ci.pub]\n")
+	pol := trusttest.Policy(t, dir, "engines:\n  vllm:\n    mode: required\n    keys: [ci.pub]\n")
 	cases := []struct {
 		name string
-		sign func(g *reg, img, img2 name.Digest)
+		sign func(g *trusttest.Registry, img, img2 name.Digest)
 		want string // "" = verifies
 	}{
-		{"signed", func(g *reg, img, _ name.Digest) { signClassic(t, ci, img, img, nil) }, ""},
-		{"unsigned", func(*reg, name.Digest, name.Digest) {}, "no signature"},
-		{"another key", func(g *reg, img, _ name.Digest) { signClassic(t, other, img, img, nil) }, "signature by no trusted key"},
-		{"another digest", func(g *reg, img, img2 name.Digest) { signClassic(t, ci, img, img2, nil) }, "signed digest " + "sha256:"},
-		{"corrupted signature", func(g *reg, img, _ name.Digest) {
-			signClassic(t, ci, img, img, func(s string) string { return "AAAA" + s[4:] })
+		{"signed", func(g *trusttest.Registry, img, _ name.Digest) { trusttest.SignClassic(t, ci, img, img, nil) }, ""},
+		{"unsigned", func(*trusttest.Registry, name.Digest, name.Digest) {}, "no signature"},
+		{"another key", func(g *trusttest.Registry, img, _ name.Digest) { trusttest.SignClassic(t, other, img, img, nil) }, "signature by no trusted key"},
+		{"another digest", func(g *trusttest.Registry, img, img2 name.Digest) { trusttest.SignClassic(t, ci, img, img2, nil) }, "signed digest " + "sha256:"},
+		{"corrupted signature", func(g *trusttest.Registry, img, _ name.Digest) {
+			trusttest.SignClassic(t, ci, img, img, func(s string) string { return "AAAA" + s[4:] })
 		}, "signature by no trusted key"},
-		{"truncated signature", func(g *reg, img, _ name.Digest) {
-			signClassic(t, ci, img, img, func(s string) string { return s[:len(s)/2] })
+		{"truncated signature", func(g *trusttest.Registry, img, _ name.Digest) {
+			trusttest.SignClassic(t, ci, img, img, func(s string) string { return s[:len(s)/2] })
 		}, "signature"},
-		{"huge signature manifest", func(g *reg, img, _ name.Digest) {
-			g.wrap = func(w http.ResponseWriter, r *http.Request) bool {
+		{"huge signature manifest", func(g *trusttest.Registry, img, _ name.Digest) {
+			g.Wrap = func(w http.ResponseWriter, r *http.Request) bool {
 				if !strings.Contains(r.URL.Path, ".sig") {
 					return false
 				}
@@ -240,8 +132,8 @@ func TestVerifyClassic(t *testing.T) {
 				return true
 			}
 		}, "limit"},
-		{"stalled signature tag", func(g *reg, img, _ name.Digest) {
-			g.wrap = func(w http.ResponseWriter, r *http.Request) bool {
+		{"stalled signature tag", func(g *trusttest.Registry, img, _ name.Digest) {
+			g.Wrap = func(w http.ResponseWriter, r *http.Request) bool {
 				if !strings.Contains(r.URL.Path, ".sig") {
 					return false
 				}
@@ -252,9 +144,9 @@ func TestVerifyClassic(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			g := newReg(t)
-			img := g.push(t, "org/vllm")
-			img2 := g.push(t, "org/vllm")
+			g := trusttest.NewRegistry(t, true)
+			img := g.Push(t, "org/vllm")
+			img2 := g.Push(t, "org/vllm")
 			tc.sign(g, img, img2)
 			v := &trust.Verifier{Policy: pol, MaxBytes: 1 << 20, Timeout: 500 * time.Millisecond}
 			start := time.Now()
@@ -293,10 +185,10 @@ func TestVerifyClassic(t *testing.T) {
 func TestVerifyIndexSignature(t *testing.T) {
 	dir := t.TempDir()
 	ci := newKey(t, dir, "ci.pub")
-	pol := policy(t, dir, "default: {mode: required, keys: [ci.pub]}\n")
-	g := newReg(t)
-	img, idx := g.push(t, "org/e"), g.push(t, "org/e") // idx stands in for the index's digest
-	signClassic(t, ci, idx, idx, nil)
+	pol := trusttest.Policy(t, dir, "default: {mode: required, keys: [ci.pub]}\n")
+	g := trusttest.NewRegistry(t, true)
+	img, idx := g.Push(t, "org/e"), g.Push(t, "org/e") // idx stands in for the index's digest
+	trusttest.SignClassic(t, ci, idx, idx, nil)
 	v := &trust.Verifier{Policy: pol}
 	s, err := v.Verify(context.Background(), "sglang", "cu129", img.String(), idx.DigestStr())
 	if err != nil || s.Digest != idx.DigestStr() {
@@ -309,13 +201,13 @@ func TestVerifyIndexSignature(t *testing.T) {
 
 // TestVerifyOff: mode off fetches nothing and asks for nothing.
 func TestVerifyOff(t *testing.T) {
-	g := newReg(t)
-	g.wrap = func(w http.ResponseWriter, r *http.Request) bool {
+	g := trusttest.NewRegistry(t, true)
+	g.Wrap = func(w http.ResponseWriter, r *http.Request) bool {
 		t.Errorf("fetched %s under mode off", r.URL)
 		return false
 	}
 	v := &trust.Verifier{Policy: trust.Off()}
-	s, err := v.Verify(context.Background(), "vllm", "cu13", g.host+"/org/vllm@sha256:"+strings.Repeat("a", 64), "")
+	s, err := v.Verify(context.Background(), "vllm", "cu13", g.Host+"/org/vllm@sha256:"+strings.Repeat("a", 64), "")
 	if s != nil || err != nil {
 		t.Fatalf("Verify = %v, %v", s, err)
 	}
@@ -365,7 +257,7 @@ func TestVerifyKeyless(t *testing.T) {
 	dir := t.TempDir()
 	vs, _ := virtualRoot(t, dir)
 	const issuer, subject = "https://token.actions.example", "https://github.com/org/repo/.github/workflows/release.yml@refs/heads/main"
-	pol := policy(t, dir, fmt.Sprintf("engines:\n  vllm:\n    mode: required\n    trustedRoot: trusted_root.json\n    identities:\n      - {issuer: %q, subject: %q}\n", issuer, subject))
+	pol := trusttest.Policy(t, dir, fmt.Sprintf("engines:\n  vllm:\n    mode: required\n    trustedRoot: trusted_root.json\n    identities:\n      - {issuer: %q, subject: %q}\n", issuer, subject))
 	rule := pol.For("vllm")
 	artifact := []byte("a manifest")
 	sum := sha256.Sum256(artifact)
@@ -397,8 +289,8 @@ func TestVerifyKeyless(t *testing.T) {
 	}
 	// A referrer whose bundle is truncated or not a bundle: refused, named.
 	for _, body := range [][]byte{[]byte(`{"mediaType":"application/vnd.dev.sigstore.bundle.v0.3+json","verificationMaterial":`), []byte(`not json`)} {
-		g := newReg(t)
-		img := g.push(t, "org/vllm")
+		g := trusttest.NewRegistry(t, true)
+		img := g.Push(t, "org/vllm")
 		pushBundleReferrer(t, img, body)
 		_, err := (&trust.Verifier{Policy: pol}).Verify(context.Background(), "vllm", "cu13", img.String(), "")
 		if err == nil || !strings.Contains(err.Error(), "not a Sigstore bundle") || !strings.Contains(err.Error(), "engine vllm variant cu13") {
@@ -418,7 +310,7 @@ func TestParseErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writePub(t, dir, "rsa1024.pub", rk.Public())
+	trusttest.WritePub(t, dir, "rsa1024.pub", rk.Public())
 	cases := []struct{ name, text, want string }{
 		{"yaml syntax", "engines:\n  vllm: [\n", "policy P: line"},
 		{"unknown field", "engines:\n  vllm:\n    mod: required\n", "line 3: field mod not found"},
@@ -447,8 +339,6 @@ func TestParseErrors(t *testing.T) {
 		}
 	}
 }
-
-func nopLogger() *log.Logger { return log.New(io.Discard, "", 0) }
 
 // keyBundle is a Sigstore bundle as cosign v3's sign --key writes one
 // (--new-bundle-format, its default; no transparency log): a DSSE envelope
@@ -489,18 +379,6 @@ func keyBundle(t testing.TB, s signature.Signer, over v1.Hash, predicateType str
 	return b
 }
 
-// writePub writes pub as a PEM file in dir, as cosign.pub is.
-func writePub(t testing.TB, dir, file string, pub crypto.PublicKey) {
-	t.Helper()
-	pem, err := cryptoutils.MarshalPublicKeyToPEM(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, file), pem, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestVerifyBundleKey: a Sigstore bundle signed with a key (cosign v3's
 // default for cosign sign --key), as an OCI referrer in a real registry,
 // verifies against a key rule, for each key type sigstore signs with; a
@@ -534,16 +412,16 @@ func TestVerifyBundleKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writePub(t, dir, "p384.pub", p384.Public())
-	writePub(t, dir, "p521.pub", p521.Public())
-	writePub(t, dir, "ed.pub", edPub)
-	writePub(t, dir, "rsa.pub", rk.Public())
+	trusttest.WritePub(t, dir, "p384.pub", p384.Public())
+	trusttest.WritePub(t, dir, "p521.pub", p521.Public())
+	trusttest.WritePub(t, dir, "ed.pub", edPub)
+	trusttest.WritePub(t, dir, "rsa.pub", rk.Public())
 	cases := []struct {
 		name, pub string
 		body      func(img, img2 v1.Hash) []byte
 		want      string // "" = verifies
 	}{
-		{"P-256 key", "ci.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(ci.priv), img, "") }, ""},
+		{"P-256 key", "ci.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(ci), img, "") }, ""},
 		{"P-384 key, SHA-384", "p384.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(p384), img, "") }, ""},
 		{"P-521 key, SHA-512", "p521.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(p521), img, "") }, ""},
 		{"Ed25519 key", "ed.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(ed), img, "") }, ""},
@@ -551,10 +429,10 @@ func TestVerifyBundleKey(t *testing.T) {
 			return keyBundle(t, signer(ed, options.WithED25519ph()), img, "")
 		}, ""},
 		{"RSA key", "rsa.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(rk), img, "") }, ""},
-		{"another key", "ci.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(other.priv), img, "") }, "signature by no trusted key (key ci.pub (sha256:"},
-		{"another digest", "ci.pub", func(_, img2 v1.Hash) []byte { return keyBundle(t, signer(ci.priv), img2, "") }, ") signed a statement about another digest: "},
+		{"another key", "ci.pub", func(img, _ v1.Hash) []byte { return keyBundle(t, signer(other), img, "") }, "signature by no trusted key (key ci.pub (sha256:"},
+		{"another digest", "ci.pub", func(_, img2 v1.Hash) []byte { return keyBundle(t, signer(ci), img2, "") }, ") signed a statement about another digest: "},
 		{"corrupted signature", "ci.pub", func(img, _ v1.Hash) []byte {
-			b := keyBundle(t, signer(ci.priv), img, "")
+			b := keyBundle(t, signer(ci), img, "")
 			var m map[string]any
 			if err := json.Unmarshal(b, &m); err != nil {
 				t.Fatal(err)
@@ -567,7 +445,7 @@ func TestVerifyBundleKey(t *testing.T) {
 			return b
 		}, "signature by no trusted key"},
 		{"corrupted statement", "ci.pub", func(img, _ v1.Hash) []byte {
-			b := keyBundle(t, signer(ci.priv), img, "")
+			b := keyBundle(t, signer(ci), img, "")
 			var m map[string]any
 			if err := json.Unmarshal(b, &m); err != nil {
 				t.Fatal(err)
@@ -579,18 +457,18 @@ func TestVerifyBundleKey(t *testing.T) {
 			return b
 		}, "signature by no trusted key"},
 		{"truncated bundle", "ci.pub", func(img, _ v1.Hash) []byte {
-			b := keyBundle(t, signer(ci.priv), img, "")
+			b := keyBundle(t, signer(ci), img, "")
 			return b[:len(b)/2]
 		}, "not a Sigstore bundle"},
 		{"an attestation, not a signature", "ci.pub", func(img, _ v1.Hash) []byte {
-			return keyBundle(t, signer(ci.priv), img, "https://slsa.dev/provenance/v1")
+			return keyBundle(t, signer(ci), img, "https://slsa.dev/provenance/v1")
 		}, `signed an attestation of predicate type "https://slsa.dev/provenance/v1", not a signature`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			pol := policy(t, dir, "engines:\n  vllm:\n    mode: required\n    keys: ["+tc.pub+"]\n")
-			g := newReg(t)
-			img, img2 := g.push(t, "org/vllm"), g.push(t, "org/vllm")
+			pol := trusttest.Policy(t, dir, "engines:\n  vllm:\n    mode: required\n    keys: ["+tc.pub+"]\n")
+			g := trusttest.NewRegistry(t, true)
+			img, img2 := g.Push(t, "org/vllm"), g.Push(t, "org/vllm")
 			h, _ := v1.NewHash(img.DigestStr())
 			h2, _ := v1.NewHash(img2.DigestStr())
 			pushBundleReferrer(t, img, tc.body(h, h2))
@@ -624,23 +502,23 @@ func TestVerifyBundleKey(t *testing.T) {
 	t.Run("key bundle, keyless rule", func(t *testing.T) {
 		vdir := t.TempDir()
 		virtualRoot(t, vdir)
-		pol := policy(t, vdir, "default: {mode: required, trustedRoot: trusted_root.json, identities: [{issuer: i, subject: s}]}\n")
-		g := newReg(t)
-		img := g.push(t, "org/vllm")
+		pol := trusttest.Policy(t, vdir, "default: {mode: required, trustedRoot: trusted_root.json, identities: [{issuer: i, subject: s}]}\n")
+		g := trusttest.NewRegistry(t, true)
+		img := g.Push(t, "org/vllm")
 		h, _ := v1.NewHash(img.DigestStr())
-		pushBundleReferrer(t, img, keyBundle(t, signer(ci.priv), h, ""))
+		pushBundleReferrer(t, img, keyBundle(t, signer(ci), h, ""))
 		_, err := (&trust.Verifier{Policy: pol}).Verify(context.Background(), "vllm", "cu13", img.String(), "")
 		if err == nil || !strings.Contains(err.Error(), "signed with a key, and the rule names no keys") {
 			t.Fatalf("Verify: %v", err)
 		}
 	})
 	t.Run("a good bundle beside a bad one", func(t *testing.T) {
-		pol := policy(t, dir, "default: {mode: required, keys: [ci.pub]}\n")
-		g := newReg(t)
-		img := g.push(t, "org/vllm")
+		pol := trusttest.Policy(t, dir, "default: {mode: required, keys: [ci.pub]}\n")
+		g := trusttest.NewRegistry(t, true)
+		img := g.Push(t, "org/vllm")
 		h, _ := v1.NewHash(img.DigestStr())
-		pushBundleReferrer(t, img, keyBundle(t, signer(other.priv), h, ""))
-		pushBundleReferrer(t, img, keyBundle(t, signer(ci.priv), h, ""))
+		pushBundleReferrer(t, img, keyBundle(t, signer(other), h, ""))
+		pushBundleReferrer(t, img, keyBundle(t, signer(ci), h, ""))
 		s, err := (&trust.Verifier{Policy: pol}).Verify(context.Background(), "vllm", "cu13", img.String(), "")
 		if err != nil || !strings.HasPrefix(s.By, "key ci.pub (") {
 			t.Fatalf("Verify = %+v, %v", s, err)

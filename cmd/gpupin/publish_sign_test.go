@@ -2,12 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,34 +12,11 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/secure-systems-lab/go-securesystemslib/encrypted"
 
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/trust"
+	"github.com/gpupin/gpupin/trust/trusttest"
 )
-
-// writeCosignKey writes dir/ci.key as cosign generate-key-pair does (PKCS
-// #8, encrypted under password) and returns its path.
-func writeCosignKey(t *testing.T, dir, password string) string {
-	t.Helper()
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKCS8PrivateKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	enc, err := encrypted.Encrypt(der, []byte(password))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, "ci.key")
-	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: trust.SigstorePrivateKeyPEM, Bytes: enc}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
 
 // TestPublishSignsBeforeTagging: publish --sign-key and build --push
 // --sign-key push the signature of every digest they sign before any tag
@@ -57,7 +29,7 @@ func TestPublishSignsBeforeTagging(t *testing.T) {
 	const password = "pw"
 	t.Setenv(trust.PasswordEnv, password)
 	dir := t.TempDir()
-	key := writeCosignKey(t, dir, password)
+	key := trusttest.WriteCosignKey(t, dir, "ci", trusttest.P256(t), password, "")
 	reg, err := sandbox.StartRegistry(sandbox.RegistryOptions{})
 	if err != nil {
 		t.Fatal(err)

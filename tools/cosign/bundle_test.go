@@ -34,6 +34,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpupin/gpupin/trust"
+	"github.com/gpupin/gpupin/trust/trusttest"
 )
 
 // cosignSignCLI is `cosign sign ARGS…` as cosign v3.1.3's CLI runs it:
@@ -147,7 +148,7 @@ func TestCosignV3BundleGpupinVerifies(t *testing.T) {
 		srv := httptest.NewServer(registry.New(registry.WithReferrersSupport(referrers), registry.Logger(log.New(io.Discard, "", 0))))
 		t.Cleanup(srv.Close)
 		host := strings.TrimPrefix(srv.URL, "http://")
-		idx, child := pushIndex(t, host, "org/vllm")
+		idx, child := trusttest.PushIndex(t, host, "org/vllm")
 		cases := []struct {
 			name          string
 			key, pub      string
@@ -156,13 +157,13 @@ func TestCosignV3BundleGpupinVerifies(t *testing.T) {
 			verify        name.Digest
 			cosignVerifys bool
 		}{
-			{"manifest", keyPath, pubPath, pushImage(t, host, "org/sglang"), false, name.Digest{}, true},
+			{"manifest", keyPath, pubPath, trusttest.PushImage(t, host, "org/sglang"), false, name.Digest{}, true},
 			{"index, recursive: the child", keyPath, pubPath, idx, true, child, true},
-			{"P-384 key", p384Key, p384Pub, pushImage(t, host, "org/sglang"), false, name.Digest{}, true},
+			{"P-384 key", p384Key, p384Pub, trusttest.PushImage(t, host, "org/sglang"), false, name.Digest{}, true},
 			// cosign signs Ed25519 bundles with Ed25519ph, and its own
 			// verify loads the public key as pure Ed25519: it refuses
 			// them, gpupin (which tries both) does not.
-			{"Ed25519 key", edKey, edPub, pushImage(t, host, "org/sglang"), false, name.Digest{}, false},
+			{"Ed25519 key", edKey, edPub, trusttest.PushImage(t, host, "org/sglang"), false, name.Digest{}, false},
 		}
 		for _, tc := range cases {
 			t.Run(fmt.Sprintf("referrers API %v/%s", referrers, tc.name), func(t *testing.T) {

@@ -8,9 +8,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
-	"io"
-	"log"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,9 +15,6 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
-	"github.com/google/go-containerregistry/pkg/v1/random"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/sigstore/cosign/v3/cmd/cosign/cli/options"
 	"github.com/sigstore/cosign/v3/cmd/cosign/cli/sign"
 	"github.com/sigstore/cosign/v3/pkg/cosign"
@@ -28,64 +22,12 @@ import (
 	sigs "github.com/sigstore/cosign/v3/pkg/signature"
 
 	"github.com/gpupin/gpupin/trust"
+	"github.com/gpupin/gpupin/trust/trusttest"
 )
 
 const password = "correct horse battery staple"
 
 func pass(bool) ([]byte, error) { return []byte(password), nil }
-
-// newRegistry is go-containerregistry's registry on loopback, where both
-// cosign and gpupin speak plain HTTP.
-func newRegistry(t *testing.T) string {
-	t.Helper()
-	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	t.Cleanup(srv.Close)
-	return strings.TrimPrefix(srv.URL, "http://")
-}
-
-// pushImage writes a random image and returns its repo@digest.
-func pushImage(t *testing.T, host, repo string) name.Digest {
-	t.Helper()
-	img, err := random.Image(512, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tag, err := name.NewTag(host + "/" + repo + ":v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(tag, img); err != nil {
-		t.Fatal(err)
-	}
-	d, err := img.Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tag.Context().Digest(d.String())
-}
-
-// pushIndex writes an index of two random images and returns the
-// index's and its first child's repo@digest.
-func pushIndex(t *testing.T, host, repo string) (index, child name.Digest) {
-	t.Helper()
-	idx, err := random.Index(512, 1, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tag, err := name.NewTag(host + "/" + repo + ":v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.WriteIndex(tag, idx); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := idx.Digest()
-	im, err := idx.IndexManifest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tag.Context().Digest(d.String()), tag.Context().Digest(im.Manifests[0].Digest.String())
-}
 
 // cosignKeyPair generates a key pair with cosign's own code (what cosign
 // generate-key-pair runs) and writes it as that command does.
@@ -103,19 +45,6 @@ func cosignKeyPair(t *testing.T, dir, base string) (keyPath, pubPath string) {
 		t.Fatal(err)
 	}
 	return keyPath, pubPath
-}
-
-func gpupinKey(t *testing.T, keyPath string) *trust.SignKey {
-	t.Helper()
-	raw, err := os.ReadFile(keyPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k, err := trust.LoadSignKey(keyPath, raw, []byte(password))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
 }
 
 // cosignVerify is cosign verify --key PUB --insecure-ignore-tlog: cosign's
@@ -137,15 +66,7 @@ func cosignVerify(ctx context.Context, pubPath string, ref name.Reference) (int,
 // gpupinPolicy is a required rule trusting pubs.
 func gpupinPolicy(t *testing.T, dir string, pubs ...string) *trust.Policy {
 	t.Helper()
-	p := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(p, []byte("default: {mode: required, keys: ["+strings.Join(pubs, ", ")+"]}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	pol, err := trust.Load(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pol
+	return trusttest.Policy(t, dir, "default: {mode: required, keys: ["+strings.Join(pubs, ", ")+"]}\n")
 }
 
 // TestGpupinSignsCosignVerifies: what gpupin signs, with a key cosign
@@ -157,14 +78,14 @@ func TestGpupinSignsCosignVerifies(t *testing.T) {
 	dir := t.TempDir()
 	keyPath, pubPath := cosignKeyPair(t, dir, "ci")
 	_, otherPub := cosignKeyPair(t, dir, "other")
-	signer := &trust.Signer{Key: gpupinKey(t, keyPath)}
-	host := newRegistry(t)
-	idx, child := pushIndex(t, host, "org/vllm")
+	signer := &trust.Signer{Key: trusttest.LoadSignKey(t, keyPath, password)}
+	host := trusttest.NewRegistry(t, false).Host
+	idx, child := trusttest.PushIndex(t, host, "org/vllm")
 	cases := []struct {
 		name string
 		ref  name.Digest
 	}{
-		{"variant manifest", pushImage(t, host, "org/sglang")},
+		{"variant manifest", trusttest.PushImage(t, host, "org/sglang")},
 		{"index", idx},
 		{"index child", child},
 	}
@@ -207,11 +128,11 @@ func TestCosignSignsGpupinVerifies(t *testing.T) {
 	dir := t.TempDir()
 	keyPath, pubPath := cosignKeyPair(t, dir, "cosign")
 	gpKey, _ := cosignKeyPair(t, dir, "gpupin")
-	host := newRegistry(t)
+	host := trusttest.NewRegistry(t, false).Host
 	pol := gpupinPolicy(t, dir, "cosign.pub")
-	idx, child := pushIndex(t, host, "org/vllm")
-	img := pushImage(t, host, "org/sglang")
-	unsigned := pushImage(t, host, "org/vllm") // stands in for a manifest only the index names
+	idx, child := trusttest.PushIndex(t, host, "org/vllm")
+	img := trusttest.PushImage(t, host, "org/sglang")
+	unsigned := trusttest.PushImage(t, host, "org/vllm") // stands in for a manifest only the index names
 	cases := []struct {
 		name      string
 		sign      name.Digest // what cosign signs
@@ -239,7 +160,7 @@ func TestCosignSignsGpupinVerifies(t *testing.T) {
 		})
 	}
 	t.Run("gpupin appends to cosign's", func(t *testing.T) {
-		if _, err := (&trust.Signer{Key: gpupinKey(t, gpKey)}).Sign(ctx, img); err != nil {
+		if _, err := (&trust.Signer{Key: trusttest.LoadSignKey(t, gpKey, password)}).Sign(ctx, img); err != nil {
 			t.Fatal(err)
 		}
 		for _, pub := range []string{pubPath, filepath.Join(dir, "gpupin.pub")} {
