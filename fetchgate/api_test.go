@@ -521,3 +521,94 @@ func TestAPILoadWhileFetching(t *testing.T) {
 	}
 	t.Logf("over a %s fetch with a %s lease: holder %v, waiter %v", fetch.Round(time.Millisecond), d, hn, wn)
 }
+
+// TestReleasedWhenEveryByteIsIn: the holder's pull reports every layer
+// byte in and then goes on (unpack, probe) until the waiter's pull has
+// started: the waiter must be let go before the holder's pull ends.
+// Where the holder's mirror died meanwhile, no peer can get the bytes
+// from it: the waiter becomes the fetcher instead of being told fetched.
+func TestReleasedWhenEveryByteIsIn(t *testing.T) {
+	c := kubetest.StartT(t, manifests, users()...)
+	for _, tc := range []struct {
+		name         string
+		mirrorDies   bool
+		waiterNote   string // the waiter's last note starts with it
+		holderState  string // the lease once both are done
+		holderIsNode string
+	}{
+		{"mirror answers", false, "pulling through the mirror: n1 fetched", fetchgate.StateFetched, "n1"},
+		{"mirror died", true, "fetching sha256:", fetchgate.StateFetched, "n2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dg, ref := digestFor(t)
+			own := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
+			defer own.Close()
+			ownMirror := fetchgate.WithMirrors(func(context.Context, string) ([]string, error) { return []string{own.URL}, nil })
+			waiting := make(chan struct{})
+			var waitingOnce sync.Once
+			waiterPulled := make(chan struct{})
+			holding := make(chan struct{})
+			holderDone := make(chan error, 1)
+			go func() {
+				holderDone <- gate(t, c, "n1", ownMirror, fetchgate.WithLeaseDuration(3*time.Second)).Fetch(context.Background(), ref, nil,
+					func(ctx context.Context, p func(int64, int64)) error {
+						close(holding)
+						select {
+						case <-waiting:
+						case <-time.After(time.Minute):
+							return fmt.Errorf("the waiter never waited")
+						}
+						p(10<<20, 20<<20)
+						if tc.mirrorDies {
+							own.CloseClientConnections()
+							own.Close()
+						}
+						p(20<<20, 20<<20)
+						// Unpack and probe: until the waiter pulls (a minute at
+						// most, so that a gate that holds it back fails, not hangs).
+						select {
+						case <-waiterPulled:
+							return nil
+						case <-time.After(time.Minute):
+							return fmt.Errorf("the waiter did not pull while the holder unpacked")
+						}
+					})
+			}()
+			select {
+			case <-holding:
+			case err := <-holderDone:
+				t.Fatalf("n1 did not fetch: %v", err)
+			}
+			rec := newRecord()
+			note := rec.note("n2")
+			err := gate(t, c, "n2", fetchgate.WithLeaseDuration(3*time.Second)).Fetch(context.Background(), ref,
+				func(s string) {
+					note(s)
+					if strings.HasPrefix(s, "waiting for n1") {
+						waitingOnce.Do(func() { close(waiting) })
+					}
+				},
+				func(ctx context.Context, p func(int64, int64)) error {
+					close(waiterPulled)
+					p(20<<20, 20<<20)
+					return nil
+				})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := <-holderDone; err != nil {
+				t.Fatalf("holder: %v (waiter's notes %q)", err, rec.notes["n2"])
+			}
+			if n := rec.notes["n2"]; len(n) == 0 || !strings.HasPrefix(n[len(n)-1], tc.waiterNote) {
+				t.Errorf("waiter's notes %q, want the last to start %q", n, tc.waiterNote)
+			}
+			l, err := nodeClient(t, c, "n0").CoordinationV1().Leases(ns).Get(context.Background(), fetchgate.LeaseName(dg, 0), metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h := l.Spec.HolderIdentity; h == nil || *h != tc.holderIsNode || l.Annotations[fetchgate.AnnotState] != tc.holderState {
+				t.Errorf("lease: holder %v, annotations %v; want %s, %s", h, l.Annotations, tc.holderIsNode, tc.holderState)
+			}
+		})
+	}
+}

@@ -5,8 +5,11 @@
 // A node asks the gate before it pulls a digest (Gate.Fetch). The gate
 // takes a coordination.k8s.io/v1 Lease named after the digest (one of
 // Concurrency slots); the node that holds one pulls at once, renewing the
-// lease only while its pull moves bytes, and marks it fetched when the pull
-// is done. The others watch the leases and pull once one says fetched. Each
+// lease only while its pull moves bytes, and marks it fetched as soon as
+// every layer byte is in its content store (its mirror serves them from
+// there; unpack and probe go on meanwhile), or unserved where its mirror no
+// longer answers, and the next node fetches. The others watch the leases
+// and pull once one says fetched. Each
 // wait is bounded: a holder that dies or stalls stops renewing and loses
 // its lease within LeaseDuration; an API server that cannot be reached for
 // OutageBound, a mirror that is absent or does not answer, or MaxWait
@@ -248,7 +251,7 @@ func (g *Gate) Fetch(ctx context.Context, ref string, note func(string), pull Pu
 	switch {
 	case turn.held != nil:
 		note("fetching " + short(dg) + " from upstream for the fleet (lease " + g.namespace + "/" + turn.held.Name + ")")
-		return g.hold(ctx, turn.held, pull)
+		return g.hold(ctx, ref, turn.held, pull)
 	case turn.fetchedBy != "":
 		note("pulling through the mirror: " + turn.fetchedBy + " fetched " + short(dg))
 	default:

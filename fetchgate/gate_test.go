@@ -74,7 +74,8 @@ func lease(name, holder, state string, renew time.Time, secs int32) *coordv1.Lea
 
 // TestJudgeCountsOurClock: a lease runs out once this node has seen it
 // unrenewed for its duration, whatever the holder's clock wrote (within
-// maxSkew); fetched wins; released and our own old lease are free.
+// maxSkew); fetched wins; released, unserved and our own old lease are
+// free.
 func TestJudgeCountsOurClock(t *testing.T) {
 	g, err := New(nowhere(t).CoordinationV1(), "ns", "me", WithConcurrency(2))
 	if err != nil {
@@ -107,7 +108,7 @@ func TestJudgeCountsOurClock(t *testing.T) {
 	}
 	for _, c := range []struct {
 		holder, state string
-	}{{"", StateFetching}, {"other", StateReleased}, {"me", StateFetching}} {
+	}{{"", StateFetching}, {"other", StateReleased}, {"other", StateUnserved}, {"me", StateFetching}} {
 		v := g.judge([]*coordv1.Lease{lease(n0, c.holder, c.state, now, 30), lease(n1, "busy", StateFetching, now, 30)}, map[string]observed{}, now)
 		if len(v.free) != 1 || v.free[0] != 0 {
 			t.Errorf("%+v: %+v", c, v)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/gpupin/gpupin/internal/kubelease"
 )
 
 // The leases' names and marks. A digest's leases share a label (its hex,
@@ -27,6 +30,9 @@ const (
 	StateFetching = "fetching"
 	StateFetched  = "fetched"
 	StateReleased = "released" // the fetch failed: the next node takes over at once
+	// StateUnserved: the holder has every byte but its mirror does not
+	// answer, so no peer can get them from it: the next node takes over.
+	StateUnserved = "unserved"
 )
 
 // maxSkew is how far another node's clock may run from ours before a
@@ -77,15 +83,16 @@ func (g *Gate) judge(slots []*coordv1.Lease, seen map[string]observed, now time.
 			continue
 		}
 		if l.Annotations[AnnotState] == StateFetched {
-			v.fetchedBy = holderOf(l)
+			v.fetchedBy = kubelease.Holder(l)
 			if v.fetchedBy == "" {
 				v.fetchedBy = "another node"
 			}
 			return v
 		}
-		holder := holderOf(l)
-		if holder == "" || holder == g.identity || l.Annotations[AnnotState] == StateReleased {
-			// Released, or ours from before a restart: that pull is gone.
+		holder := kubelease.Holder(l)
+		if st := l.Annotations[AnnotState]; holder == "" || holder == g.identity || st == StateReleased || st == StateUnserved {
+			// Released, unserved, or ours from before a restart: that
+			// pull is gone, or brings the others nothing.
 			v.free = append(v.free, i)
 			continue
 		}
@@ -112,21 +119,12 @@ func (g *Gate) judge(slots []*coordv1.Lease, seen map[string]observed, now time.
 	return v
 }
 
-func holderOf(l *coordv1.Lease) string {
-	if l.Spec.HolderIdentity == nil {
-		return ""
-	}
-	return *l.Spec.HolderIdentity
-}
-
+// renewTime is when the lease was last renewed, else acquired.
 func renewTime(l *coordv1.Lease) time.Time {
-	if l.Spec.RenewTime != nil {
-		return l.Spec.RenewTime.Time
+	if t := kubelease.Renewed(l); !t.IsZero() {
+		return t
 	}
-	if l.Spec.AcquireTime != nil {
-		return l.Spec.AcquireTime.Time
-	}
-	return time.Time{}
+	return kubelease.Acquired(l)
 }
 
 // slotsOf places the listed leases of dg in their slots.
@@ -174,7 +172,7 @@ func (g *Gate) wait(ctx context.Context, dg, ref string, note func(string)) (tur
 			if t, down := apiDown(err); down {
 				return t, nil
 			}
-			if err := sleep(ctx, backoff); err != nil {
+			if err := kubelease.Sleep(ctx, backoff); err != nil {
 				return turn{}, err
 			}
 			backoff = min(backoff*2, g.cfg.renewEvery)
@@ -226,7 +224,7 @@ func (g *Gate) watchUntil(ctx context.Context, dg, sel, rv string, seen map[stri
 			return ctx.Err()
 		}
 		// Read again after a pause; the caller judges the outage.
-		return sleep(ctx, min(time.Second, time.Until(until)))
+		return kubelease.Sleep(ctx, min(time.Second, time.Until(until)))
 	}
 	defer w.Stop()
 	slots := make([]*coordv1.Lease, g.cfg.concurrency)
@@ -300,40 +298,67 @@ func (g *Gate) take(ctx context.Context, dg, ref string, slot int, old *coordv1.
 }
 
 // hold runs pull as the lease's holder: renewed while bytes move, marked
-// fetched when the pull is done, released when it failed.
-func (g *Gate) hold(ctx context.Context, l *coordv1.Lease, pull Pull) error {
+// fetched as soon as every layer byte is in (the waiters' pulls then
+// overlap this node's unpack and probe), released when the pull failed.
+func (g *Gate) hold(ctx context.Context, ref string, l *coordv1.Lease, pull Pull) error {
 	var done, total atomic.Int64
-	h := &holding{g: g, lease: l}
+	h := &holding{g: g, ref: ref, lease: l}
 	stop := make(chan struct{})
+	allIn := make(chan struct{})
+	var once sync.Once
 	renewed := make(chan struct{})
 	go func() {
 		defer close(renewed)
-		h.renewWhileMoving(ctx, stop, &done, &total)
+		h.renewWhileMoving(ctx, stop, allIn, &done, &total)
 	}()
-	err := pull(ctx, func(d, t int64) { done.Store(d); total.Store(t) })
+	err := pull(ctx, func(d, t int64) {
+		done.Store(d)
+		total.Store(t)
+		if t > 0 && d >= t {
+			once.Do(func() { close(allIn) })
+		}
+	})
 	close(stop)
 	<-renewed
 	// Told whatever became of the caller: others wait on it.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err == nil {
-		h.finish(fctx, StateFetched, done.Load(), total.Load())
-	} else {
+	switch {
+	case err != nil:
+		// Even after an early mark: a node that comes later fetches
+		// again rather than trust a pull that failed.
 		h.finish(fctx, StateReleased, done.Load(), total.Load())
+	case !h.marked:
+		h.finish(fctx, h.served(fctx), done.Load(), total.Load())
 	}
 	return err
 }
 
 type holding struct {
-	g     *Gate
-	lease *coordv1.Lease // as last written
-	lost  bool
+	g      *Gate
+	ref    string
+	lease  *coordv1.Lease // as last written
+	lost   bool
+	marked bool // fetched or unserved already written
+}
+
+// served is the state every byte in earns: fetched, or unserved where no
+// mirror of this node answers (it died during the pull), so that a waiter
+// fetches instead of every waiter missing its mirror and going upstream.
+func (h *holding) served(ctx context.Context) string {
+	if reason := h.g.noMirror(ctx, h.ref); reason != "" {
+		h.g.cfg.logger.Warn("every byte in, but no peer can get it from this node; another node fetches", "ref", h.ref, "reason", reason)
+		return StateUnserved
+	}
+	return StateFetched
 }
 
 // renewWhileMoving renews the lease every renewEvery in which the pull
 // moved at least minProgress bytes, or, with every byte in, while it
 // unpacks within the grace. A pull that moves nothing lets it run out.
-func (h *holding) renewWhileMoving(ctx context.Context, stop <-chan struct{}, done, total *atomic.Int64) {
+// Once allIn closes it marks the lease (served) and renews no more: the
+// waiters have gone to their mirrors.
+func (h *holding) renewWhileMoving(ctx context.Context, stop, allIn <-chan struct{}, done, total *atomic.Int64) {
 	t := time.NewTicker(h.g.cfg.renewEvery)
 	defer t.Stop()
 	var last int64
@@ -344,6 +369,15 @@ func (h *holding) renewWhileMoving(ctx context.Context, stop <-chan struct{}, do
 			return
 		case <-ctx.Done():
 			return
+		case <-allIn:
+			if !h.lost {
+				h.finish(ctx, h.served(ctx), done.Load(), total.Load())
+			}
+			if h.marked || h.lost {
+				return
+			}
+			allIn = nil // not written: renew as before, and mark at the end
+			continue
 		case <-t.C:
 		}
 		if h.lost {
@@ -374,7 +408,7 @@ func (h *holding) renewWhileMoving(ctx context.Context, stop <-chan struct{}, do
 	}
 }
 
-// finish marks the lease fetched or released.
+// finish marks the lease fetched, unserved or released.
 func (h *holding) finish(ctx context.Context, state string, done, total int64) {
 	if h.lost {
 		return
@@ -388,6 +422,9 @@ func (h *holding) finish(ctx context.Context, state string, done, total int64) {
 			l.Spec.HolderIdentity = nil
 		}
 	})
+	if err == nil && state != StateReleased {
+		h.marked = true
+	}
 	if err != nil && !h.lost {
 		// The others find it run out within its duration.
 		h.g.cfg.logger.Warn("fetch lease not marked; other nodes wait until it runs out", "lease", h.lease.Name, "state", state, "err", err)
@@ -415,10 +452,10 @@ func (h *holding) write(ctx context.Context, change func(*coordv1.Lease)) error 
 		if gerr != nil {
 			return fmt.Errorf("lease %s: %w", h.lease.Name, gerr)
 		}
-		if holderOf(cur) != h.g.identity || cur.Annotations[AnnotState] != StateFetching {
+		if kubelease.Holder(cur) != h.g.identity || cur.Annotations[AnnotState] != StateFetching {
 			h.lost = true
-			h.g.cfg.logger.Warn("fetch lease lost to another node; the pull goes on", "lease", cur.Name, "holder", holderOf(cur))
-			return fmt.Errorf("lease %s: held by %q now", cur.Name, holderOf(cur))
+			h.g.cfg.logger.Warn("fetch lease lost to another node; the pull goes on", "lease", cur.Name, "holder", kubelease.Holder(cur))
+			return fmt.Errorf("lease %s: held by %q now", cur.Name, kubelease.Holder(cur))
 		}
 		h.lease = cur
 	}
@@ -448,19 +485,5 @@ func (g *Gate) sweep(ctx context.Context) {
 		if err := g.leases.Delete(ctx, l.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}}); err == nil {
 			g.cfg.logger.Debug("old fetch lease deleted", "lease", l.Name)
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
