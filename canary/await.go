@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
+	"github.com/gpupin/gpupin/internal/kubelease"
 	"github.com/gpupin/gpupin/provision"
 )
 
@@ -48,17 +49,17 @@ func (g *Gate) Await(ctx context.Context, class, key string, note func(canary st
 			if now.Sub(lastOK) > g.leaseDuration {
 				return provision.CanaryVerdict{Reason: fmt.Sprintf("the Kubernetes API did not answer for %s: %v", g.leaseDuration, err)}, nil, nil
 			}
-			if err := sleep(ctx, time.Second); err != nil {
+			if err := kubelease.Sleep(ctx, time.Second); err != nil {
 				return provision.CanaryVerdict{}, nil, err
 			}
 			continue
 		}
 		lastOK = now
-		holder := holderOf(l)
+		holder := kubelease.Holder(l)
 		state := l.Annotations[AnnotationState]
 		switch {
 		case state == stateDone && holder != "":
-			v, ok, err := g.verdict(ctx, holder, key, acquired(l))
+			v, ok, err := g.verdict(ctx, holder, key, kubelease.Acquired(l))
 			if err == nil && ok {
 				return v, nil, nil
 			}
@@ -73,7 +74,7 @@ func (g *Gate) Await(ctx context.Context, class, key string, note func(canary st
 			}
 			if !apierrors.IsConflict(err) {
 				g.log.Warn("canary lease not taken", "lease", name, "err", err)
-				if err := sleep(ctx, time.Second); err != nil {
+				if err := kubelease.Sleep(ctx, time.Second); err != nil {
 					return provision.CanaryVerdict{}, nil, err
 				}
 			}
@@ -83,7 +84,7 @@ func (g *Gate) Await(ctx context.Context, class, key string, note func(canary st
 			noted = holder
 			note(holder)
 		}
-		until := renewed(l).Add(g.leaseDuration)
+		until := kubelease.Renewed(l).Add(g.leaseDuration)
 		if until.After(deadline) {
 			until = deadline
 		}
@@ -104,7 +105,7 @@ func (g *Gate) watch(ctx context.Context, name, rv string, until time.Time) {
 	w, err := g.leases.Leases(g.namespace).Watch(wctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String(), ResourceVersion: rv, TimeoutSeconds: &secs})
 	if err != nil {
-		_ = sleep(wctx, time.Second)
+		_ = kubelease.Sleep(wctx, time.Second)
 		return
 	}
 	defer w.Stop()
@@ -129,7 +130,7 @@ func (g *Gate) take(ctx context.Context, l *coordv1.Lease, class, key string) (*
 		l.Annotations = map[string]string{}
 	}
 	l.Annotations[AnnotationClass], l.Annotations[AnnotationKey] = class, key
-	if holderOf(l) != g.identity {
+	if kubelease.Holder(l) != g.identity {
 		n := int32(1)
 		if l.Spec.LeaseTransitions != nil {
 			n = *l.Spec.LeaseTransitions + 1
@@ -191,7 +192,7 @@ func (g *Gate) lead(ctx context.Context, l *coordv1.Lease, key string) (provisio
 			mu.Unlock()
 		}
 	}()
-	since := acquired(l)
+	since := kubelease.Acquired(l)
 	var once sync.Once
 	done := func() {
 		once.Do(func() {
@@ -205,7 +206,7 @@ func (g *Gate) lead(ctx context.Context, l *coordv1.Lease, key string) (provisio
 					state = stateDone
 					break
 				}
-				if sleep(ctx, time.Second) != nil {
+				if kubelease.Sleep(ctx, time.Second) != nil {
 					g.log.Warn("canary's outcome not seen in its GPUPinNode status; lease released without a verdict", "key", key, "within", g.statusWait, "err", err)
 					break
 				}
@@ -231,37 +232,5 @@ func (g *Gate) expired(l *coordv1.Lease, now time.Time) bool {
 	if l.Spec.LeaseDurationSeconds != nil {
 		d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 	}
-	return now.After(renewed(l).Add(d))
-}
-
-func holderOf(l *coordv1.Lease) string {
-	if l.Spec.HolderIdentity == nil {
-		return ""
-	}
-	return *l.Spec.HolderIdentity
-}
-
-func renewed(l *coordv1.Lease) time.Time {
-	if l.Spec.RenewTime == nil {
-		return time.Time{}
-	}
-	return l.Spec.RenewTime.Time
-}
-
-func acquired(l *coordv1.Lease) time.Time {
-	if l.Spec.AcquireTime == nil {
-		return time.Time{}
-	}
-	return l.Spec.AcquireTime.Time
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return now.After(kubelease.Renewed(l).Add(d))
 }
