@@ -248,7 +248,11 @@ func (p *Provisioner) fromPin(ctx context.Context, t *ProbeTarget, pin *containe
 // selection Probe makes): the variant's io.gpupin.probe, else the engine
 // family's, else the default probe.
 func (p *Provisioner) probeKind(meta images.Metadata, engine string) (probe.Kind, error) {
-	return probe.Select(meta.Probe, probe.EngineFamily(engine), p.opts.DefaultProbe)
+	return probeKindOf(meta, engine, p.opts.DefaultProbe)
+}
+
+func probeKindOf(meta images.Metadata, engine, defaultProbe string) (probe.Kind, error) {
+	return probe.Select(meta.Probe, probe.EngineFamily(engine), defaultProbe)
 }
 
 // pinNamed is the pin an image name is: its digested reference or its

@@ -177,7 +177,7 @@ func (p *Provisioner) provision(ctx context.Context, w want) (st Status) {
 	}()
 	ctx, cancel := context.WithTimeoutCause(ctx, p.opts.Timeout, fmt.Errorf("provision took longer than %s (provision timeout)", p.opts.Timeout))
 	defer cancel()
-	pl, err := p.planProvision(ctx, &st, w)
+	r, pl, err := p.planProvision(ctx, &st, w)
 	if err != nil {
 		return st.fail(cause(ctx, err))
 	}
@@ -192,39 +192,53 @@ func (p *Provisioner) provision(ctx context.Context, w want) (st Status) {
 		return st.fail(cause(ctx, err))
 	}
 	defer unlock()
-	pins, err := p.rt.Pins(ctx)
-	if err != nil {
-		return st.fail(err)
+	if pl, done, st = p.redecide(ctx, st, w, r); done {
+		return st
 	}
-	if pin, err := p.pinFor(w, pins, pl.Node); err != nil {
-		return st.fail(err)
-	} else if pin != nil {
-		return st.ready(*pin, true, fmt.Sprintf("pinned %s (%s) by another provision meanwhile", pin.Ref, pin.Variant))
-	}
-	if err := checkHeld(pl, w, pins, pl.Node); err != nil {
-		return st.fail(err)
-	}
-	return p.tryCandidates(ctx, st, pl, w, pins)
+	return p.tryCandidates(ctx, st, pl, w, r)
 }
 
 // planProvision reads the node and the pins, and plans w. The status says
 // it is resolving only when the registry will be asked: a pin that
 // answers is no resolution.
-func (p *Provisioner) planProvision(ctx context.Context, st *Status, w want) (*Plan, error) {
+func (p *Provisioner) planProvision(ctx context.Context, st *Status, w want) (*reads, *Plan, error) {
 	facts, err := p.opts.Node.Read(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read node facts: %w", err)
+		return nil, nil, fmt.Errorf("read node facts: %w", err)
 	}
 	st.Simulated = facts.Simulated
 	pins, err := p.rt.Pins(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if pin, _ := p.pinFor(w, pins, facts); pin == nil || !facts.Supported() {
+	r := &reads{facts: facts, pins: pins}
+	pl, err := p.decideReading(ctx, w, r, func() {
 		st.State, st.Detail = Resolving, "resolving "+w.Ref
 		p.emit(ctx, *st)
+	})
+	return r, pl, err
+}
+
+// redecide reads the pins again and decides again on what was resolved
+// already: a pin made meanwhile that answers w ends the provision ready,
+// one that now holds the key against it ends it in a conflict. Nothing
+// else is read again (an override only for an engine first seen in the
+// new pins).
+func (p *Provisioner) redecide(ctx context.Context, st Status, w want, r *reads) (*Plan, bool, Status) {
+	pins, err := p.rt.Pins(ctx)
+	if err != nil {
+		return nil, true, st.fail(err)
 	}
-	return p.plan(ctx, w, facts, pins)
+	r.pins = pins
+	pl, err := p.decideReading(ctx, w, r, nil)
+	if err != nil {
+		return nil, true, st.fail(err)
+	}
+	if pl.Outcome == OutcomePinned {
+		return pl, true, st.ready(*pl.Pinned, true, fmt.Sprintf("pinned %s (%s) by another provision meanwhile", pl.Pinned.Ref, pl.Pinned.Variant))
+	}
+	st, done := st.planned(pl)
+	return pl, done, st
 }
 
 // planned takes the plan's naming into the status, and ends the status
@@ -237,13 +251,13 @@ func (st Status) planned(pl *Plan) (Status, bool) {
 	switch pl.Outcome {
 	case OutcomePinned:
 		return st.ready(*pl.Pinned, true, pl.Detail), true
-	case images.OutcomeUnsupported:
+	case OutcomeUnsupported:
 		st.State, st.Detail, st.Err = Unsupported, pl.Detail, pl.Err
 		return st, true
-	case images.OutcomeNone:
+	case OutcomeNone:
 		st.State, st.Detail, st.Err = Disabled, pl.Detail, pl.Err
 		return st, true
-	case images.OutcomeNoCandidate, OutcomeConflict:
+	case OutcomeNoCandidate, OutcomeConflict:
 		return st.fail(pl.Err), true
 	}
 	return st, false
@@ -252,7 +266,7 @@ func (st Status) planned(pl *Plan) (Status, bool) {
 // tryCandidates tries the plan's candidates in order until one is pinned.
 // Auto and an operator's image fall back to the next; a forced variant
 // does not, nor does a cancelled provision or a key taken meanwhile.
-func (p *Provisioner) tryCandidates(ctx context.Context, st Status, pl *Plan, w want, pins []containerd.Pin) Status {
+func (p *Provisioner) tryCandidates(ctx context.Context, st Status, pl *Plan, w want, r *reads) Status {
 	cands, canaryDone := p.awaitCanary(ctx, &st, pl) // WithCanary; none: every candidate
 	// A canary hands its verdict on once its status is out, after this.
 	defer func() { go canaryDone() }()
@@ -279,13 +293,13 @@ func (p *Provisioner) tryCandidates(ctx context.Context, st Status, pl *Plan, w 
 			// The key was pinned meanwhile by a provision that does not
 			// share this lock directory: no other candidate changes whose
 			// key it is, so none is pulled.
-			return p.raced(ctx, st, w, pl.Node, attempt.Err)
+			return p.raced(ctx, st, w, r, attempt.Err)
 		}
 		if ctx.Err() != nil || pl.override.Kind == images.OverrideVariant {
 			break
 		}
 	}
-	return st.allFailed(pl, pinOf(pins, st.Key))
+	return st.allFailed(pl, pl.Held)
 }
 
 // allFailed is the status when no candidate passed: ErrAllFailed over
@@ -310,9 +324,10 @@ func (st Status) allFailed(pl *Plan, old *containerd.Pin) Status {
 // raced ends a provision whose pin step found the key taken by another
 // provision: ready when that pin answers this want as it is (the same
 // source), else a conflict naming the holder.
-func (p *Provisioner) raced(ctx context.Context, st Status, w want, facts *node.Facts, conflict error) Status {
+func (p *Provisioner) raced(ctx context.Context, st Status, w want, r *reads, conflict error) Status {
 	if pins, err := p.rt.Pins(ctx); err == nil {
-		if pin, _ := p.pinFor(w, pins, facts); pin != nil {
+		r.pins = pins
+		if pin, n := pinFor(w, r); pin != nil && n.kind == needNothing {
 			return st.ready(*pin, true, fmt.Sprintf("pinned %s (%s) by another provision meanwhile", pin.Ref, pin.Variant))
 		}
 	}

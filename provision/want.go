@@ -79,19 +79,3 @@ func readWant(w Want) (want, error) {
 
 // namesKey: the want gives engine and version, so it owns that key.
 func (w want) namesKey() bool { return w.Engine != "" && w.Version != "" }
-
-// overrideFor is the override that applies to engine for this want: its
-// own, else the operator's (from src), else auto; and where it came from.
-func (w want) overrideFor(src OverrideSource, engine string) (images.Override, string, error) {
-	if w.ownOverride.Kind != "" {
-		return w.ownOverride, OverrideFromWant, nil
-	}
-	o, ok, err := src.Override(engine)
-	if err != nil {
-		return images.Override{}, "", fmt.Errorf("overrides for %s: %w", engine, err)
-	}
-	if ok {
-		return o, OverrideFromSource, nil
-	}
-	return images.Override{Kind: images.OverrideAuto}, OverrideFromDefault, nil
-}
