@@ -37,10 +37,7 @@ type running struct {
 func publishDemo(t *testing.T) (*sandbox.Registry, string) {
 	t.Helper()
 	reg := testenv.Registry(t)
-	if _, err := sandbox.PublishEngine(context.Background(), reg.Host, "demo", "1.0", []sandbox.EngineVariant{cu13, cu129}); err != nil {
-		t.Fatal(err)
-	}
-	return reg, reg.Host + "/demo:1.0"
+	return reg, sandbox.MustPublishEngineAs(t, reg.Host+"/demo", "demo", "1.0", cu13, cu129)
 }
 
 // simulated are the provisioner's options of a simulated H100 on driver

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -18,12 +17,7 @@ import (
 func publishOne(t *testing.T, reg *sandbox.Registry, name string, img v1.Image) string {
 	t.Helper()
 	meta := images.Metadata{Engine: name, EngineVersion: "1.0", Variant: "cu129", CUDA: "12.9", Probe: "cuda"}
-	ref := reg.Host + "/" + name + ":1.0"
-	entry := sandbox.IndexEntry{Image: img, Annotations: meta.Annotations(), Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}
-	if _, err := sandbox.PushIndex(context.Background(), ref, []sandbox.IndexEntry{entry}); err != nil {
-		t.Fatal(err)
-	}
-	return ref
+	return sandbox.Publish(t, reg.Host+"/"+name+":1.0", sandbox.Variant{Image: img, Meta: meta})
 }
 
 // TestCLISimulatedProbeRunsTheImagesOwnProbe: on a simulated node the CLI

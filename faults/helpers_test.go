@@ -43,10 +43,7 @@ func newProvisioner(t *testing.T, rt *containerd.Runtime, nodes node.Reader, tim
 
 func publish(t *testing.T, reg *sandbox.Registry, engine string, v sandbox.EngineVariant) string {
 	t.Helper()
-	if _, err := sandbox.PublishEngine(context.Background(), reg.Host, engine, "1.0", []sandbox.EngineVariant{v}); err != nil {
-		t.Fatalf("publish %s: %v", engine, err)
-	}
-	return reg.Host + "/" + engine + ":1.0"
+	return sandbox.MustPublishEngineAs(t, reg.Host+"/"+engine, engine, "1.0", v)
 }
 
 func mustReady(t *testing.T, st provision.Status) {

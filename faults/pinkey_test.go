@@ -20,20 +20,14 @@ import (
 // names engine:version: another source claiming the same key.
 func publishAs(t *testing.T, host, repo, engine, version string, vs ...sandbox.EngineVariant) string {
 	t.Helper()
-	if _, err := sandbox.PublishEngine(context.Background(), host+"/"+repo, engine, version, vs); err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("%s/%s/%s:%s", host, repo, engine, version)
+	return sandbox.MustPublishEngineAs(t, host+"/"+repo+"/"+engine, engine, version, vs...)
 }
 
 // publishRepo pushes an engine under repo:VERSION (repo = host/path, its
 // last element anything) whose metadata names engine:version.
 func publishRepo(t *testing.T, repo, engine, version string, vs ...sandbox.EngineVariant) string {
 	t.Helper()
-	if _, err := sandbox.PublishEngineAs(context.Background(), repo, engine, version, vs); err != nil {
-		t.Fatal(err)
-	}
-	return repo + ":" + version
+	return sandbox.MustPublishEngineAs(t, repo, engine, version, vs...)
 }
 
 // childOf is the first variant's repo@sha256 reference.

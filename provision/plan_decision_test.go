@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
 	"github.com/gpupin/gpupin/internal/testenv"
@@ -23,7 +21,7 @@ import (
 // publishes no annotations (an upstream image: metadata derived).
 func pushEngine(t *testing.T, ref, engine, version string, bare bool, vs ...sandbox.EngineVariant) {
 	t.Helper()
-	var entries []sandbox.IndexEntry
+	var published []sandbox.Variant
 	for _, v := range vs {
 		env := append([]string{"CUDA_VERSION=" + v.CUDA + ".0", "TORCH_CUDA_ARCH_LIST=" + v.Archs}, v.Env...)
 		mode := v.SimProbe
@@ -35,15 +33,10 @@ func pushEngine(t *testing.T, ref, engine, version string, bare bool, vs ...sand
 		if err != nil {
 			t.Fatal(err)
 		}
-		var ann map[string]string
-		if !bare {
-			ann = images.Metadata{Engine: engine, EngineVersion: version, Variant: v.Name, CUDA: v.CUDA, Archs: v.Archs, Probe: "cuda"}.Annotations()
-		}
-		entries = append(entries, sandbox.IndexEntry{Image: img, Annotations: ann, Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}})
+		published = append(published, sandbox.Variant{Image: img, Bare: bare,
+			Meta: images.Metadata{Engine: engine, EngineVersion: version, Variant: v.Name, CUDA: v.CUDA, Archs: v.Archs, Probe: "cuda"}})
 	}
-	if _, err := sandbox.PushIndex(context.Background(), ref, entries); err != nil {
-		t.Fatal(err)
-	}
+	sandbox.Publish(t, ref, published...)
 }
 
 // The decision is made once: for every want × overrides file × node, the

@@ -35,16 +35,12 @@ type variantImage struct {
 // publish pushes the images as the variants of host/name:1.0 and returns the tag.
 func publish(t *testing.T, reg *sandbox.Registry, name string, vs ...variantImage) string {
 	t.Helper()
-	var entries []sandbox.IndexEntry
+	var published []sandbox.Variant
 	for _, v := range vs {
 		v.meta.EngineVersion = "1.0"
-		entries = append(entries, sandbox.IndexEntry{Image: v.img, Annotations: v.meta.Annotations(), Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}})
+		published = append(published, sandbox.Variant{Image: v.img, Meta: v.meta})
 	}
-	ref := reg.Host + "/" + name + ":1.0"
-	if _, err := sandbox.PushIndex(context.Background(), ref, entries); err != nil {
-		t.Fatal(err)
-	}
-	return ref
+	return sandbox.Publish(t, reg.Host+"/"+name+":1.0", published...)
 }
 
 func newProvisioner(t *testing.T, rt *containerd.Runtime, facts *node.Facts, extra ...provision.Option) *provision.Provisioner {
