@@ -35,9 +35,10 @@ type options struct {
 	runcRoot    string
 	fifoDir     string
 	cdiDirs     []string
-	localPrefix string         // of the node-local names (pins/local.go)
-	keepLayers  bool           // store every layer's blob, even one extracted here (pull/direct.go)
-	unpack      UnpackStrategy // how layers are unpacked (pull/unpack.go)
+	localPrefix string            // of the node-local names (pins/local.go)
+	keepLayers  bool              // store every layer's blob, even one extracted here (pull/direct.go)
+	unpack      UnpackStrategy    // how layers are unpacked (pull/unpack.go)
+	decompress  DecompressOptions // which gzip commands pulls may run (pull/decompress.go)
 }
 
 // Opt configures a Runtime: what Connect hands to its parts.
@@ -84,6 +85,11 @@ func WithKeepLayers(keep bool) Opt { return func(o *options) { o.keepLayers = ke
 // WithUnpack sets how pulls unpack (ParseUnpack; default gpupin's
 // parallel pipeline). The CLI reads it from EnvUnpack.
 func WithUnpack(s UnpackStrategy) Opt { return func(o *options) { o.unpack = s } }
+
+// WithDecompress turns off gzip commands pulls would run (default: igzip,
+// else unpigz, whichever is installed). The CLI reads it from
+// EnvDisableIgzip and EnvDisablePigz.
+func WithDecompress(o DecompressOptions) Opt { return func(opts *options) { opts.decompress = o } }
 
 // Defaults of Connect and its options, which the CLI's flags name.
 const (
@@ -146,7 +152,7 @@ func Connect(ctx context.Context, address string, opts ...Opt) (*Runtime, error)
 		o.fifoDir = filepath.Join(os.TempDir(), "gpupin-fifo")
 	}
 	r.conn = &conn.Conn{Client: c, Namespace: o.namespace, Snapshotter: o.snapshotter, Registry: o.registry}
-	r.pull = pull.New(r.conn, pull.WithKeepLayers(o.keepLayers), pull.WithStrategy(o.unpack))
+	r.pull = pull.New(r.conn, pull.WithKeepLayers(o.keepLayers), pull.WithStrategy(o.unpack), pull.WithDecompress(o.decompress))
 	r.run = run.New(r.conn, o.runcRoot, o.fifoDir, o.cdiDirs)
 	if r.pins, err = pins.New(r.conn, o.localPrefix, pins.Deps{Synced: r.pull.Sync, SweepProbes: r.run.SweepProbes}); err != nil {
 		r.pull.Close()

@@ -13,6 +13,8 @@ type (
 	Progress      = pull.Progress
 	LayerStorage  = pull.LayerStorage
 	Decompressors = pull.Decompressors
+	// DecompressOptions turn off gzip commands pulls would run (WithDecompress).
+	DecompressOptions = pull.DecompressOptions
 	// UnpackStrategy is how pulls unpack (WithUnpack).
 	UnpackStrategy = pull.Strategy
 )
@@ -30,8 +32,16 @@ var (
 	ErrNoRoomToPrefetch = pull.ErrNoRoomToPrefetch
 )
 
-// FindDecompressors looks the commands up as a pull does.
-func FindDecompressors() Decompressors { return pull.FindDecompressors() }
+// EnvDisableIgzip and EnvDisablePigz are where the CLI reads
+// WithDecompress's options from, as containerd's daemon reads its own; the
+// library reads no environment.
+const (
+	EnvDisableIgzip = pull.EnvDisableIgzip
+	EnvDisablePigz  = pull.EnvDisablePigz
+)
+
+// FindDecompressors looks the commands up as a pull under o does.
+func FindDecompressors(o DecompressOptions) Decompressors { return pull.FindDecompressors(o) }
 
 // Pull fetches ref (a repo@sha256 reference) and unpacks it, never
 // writing over an existing record of that name (pull.Puller.Pull).

@@ -22,3 +22,24 @@ func TestDecompressNote(t *testing.T) {
 		}
 	}
 }
+
+// The CLI reads containerd's switches for the gzip commands (bench/real.go
+// sets them on the CLI) and hands them to the library as an option.
+func TestDecompressOptionsFromTheEnvironment(t *testing.T) {
+	for _, c := range []struct {
+		igzip, pigz string
+		want        containerd.DecompressOptions
+	}{
+		{"", "", containerd.DecompressOptions{}},
+		{"1", "", containerd.DecompressOptions{NoIgzip: true}},
+		{"1", "1", containerd.DecompressOptions{NoIgzip: true, NoPigz: true}},
+		{"false", "true", containerd.DecompressOptions{NoPigz: true}},
+		{"yes", "", containerd.DecompressOptions{}}, // as containerd: strconv.ParseBool
+	} {
+		t.Setenv(containerd.EnvDisableIgzip, c.igzip)
+		t.Setenv(containerd.EnvDisablePigz, c.pigz)
+		if got := decompressOptions(); got != c.want {
+			t.Errorf("%s=%q %s=%q: %+v, want %+v", containerd.EnvDisableIgzip, c.igzip, containerd.EnvDisablePigz, c.pigz, got, c.want)
+		}
+	}
+}

@@ -74,7 +74,7 @@ func runDetect(c *cli.Context) error {
 			writeFacts(w, f)
 			writeCRINote(c, w, s)
 			writeFleetNotes(c, w, s)
-			fmt.Fprint(w, decompressNote(containerd.FindDecompressors()))
+			fmt.Fprint(w, decompressNote(containerd.FindDecompressors(decompressOptions())))
 		}
 		if !f.Supported() {
 			return cli.Exit("", exitNoResult)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -255,12 +256,19 @@ func connect(c *cli.Context, policy *registry.Policy) (*containerd.Runtime, erro
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", containerd.EnvUnpack, err)
 	}
-	opts = append(opts, containerd.WithUnpack(unpack))
+	opts = append(opts, containerd.WithUnpack(unpack), containerd.WithDecompress(decompressOptions()))
 	rt, err := containerd.Connect(c.Context, lineageString(c, "address"), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w; --address or CONTAINERD_ADDRESS names another socket", err)
 	}
 	return rt, nil
+}
+
+// decompressOptions reads containerd's own switches for the gzip
+// commands (bench sets them on the CLI); the library reads none.
+func decompressOptions() containerd.DecompressOptions {
+	off := func(env string) bool { v, _ := strconv.ParseBool(os.Getenv(env)); return v }
+	return containerd.DecompressOptions{NoIgzip: off(containerd.EnvDisableIgzip), NoPigz: off(containerd.EnvDisablePigz)}
 }
 
 // gpuSpec reads --gpu-mode and --gpus; nil when neither is given, so the

@@ -8,9 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -21,13 +19,10 @@ import (
 )
 
 // decompress reads the layer's encoding from its first bytes and runs
-// the fastest decompressor installed, as containerd's own choice goes:
-// gzip through igzip, else unpigz (CONTAINERD_DISABLE_IGZIP and
-// CONTAINERD_DISABLE_PIGZ turn them off, as they do containerd's), else Go
-// (igzip decodes gzip about four times as fast as Go, unpigz one and a
-// half); zstd in Go. slot is the layer's claim on its pull's zstd
-// decoders (nil: none was taken).
-func decompress(ctx context.Context, r io.Reader, slot *zstdSlot) (io.ReadCloser, error) {
+// the decompressor the puller chose (FindDecompressors): gzip through
+// gzipCmd ("" for Go's decoder), zstd in Go. slot is the layer's claim on
+// its pull's zstd decoders (nil: none was taken).
+func decompress(ctx context.Context, r io.Reader, slot *zstdSlot, gzipCmd string) (io.ReadCloser, error) {
 	br := bufio.NewReaderSize(r, 256<<10)
 	magic, err := br.Peek(10)
 	if err != nil && !errors.Is(err, io.EOF) {
@@ -35,8 +30,8 @@ func decompress(ctx context.Context, r io.Reader, slot *zstdSlot) (io.ReadCloser
 	}
 	switch compression.DetectCompression(magic) {
 	case compression.Gzip:
-		if p := decompressors().Gzip; p != "" {
-			return cmdStream(exec.Command(p, "-d", "-c"), br)
+		if gzipCmd != "" {
+			return cmdStream(exec.Command(gzipCmd, "-d", "-c"), br)
 		}
 		return gzip.NewReader(br)
 	case compression.Zstd:
@@ -162,30 +157,43 @@ type Decompressors struct {
 	Gzip string `json:"gzip"`
 }
 
-// FindDecompressors looks the commands up as a pull does.
-func FindDecompressors() Decompressors { return decompressors() }
+// DecompressOptions turn off the gzip commands a pull would run, as
+// containerd's CONTAINERD_DISABLE_IGZIP and CONTAINERD_DISABLE_PIGZ turn
+// off its own: the caller's choice (the CLI reads those variables,
+// EnvDisableIgzip and EnvDisablePigz); the package reads no environment.
+type DecompressOptions struct {
+	NoIgzip bool
+	NoPigz  bool
+}
 
-var decompressors = sync.OnceValue(func() Decompressors {
-	var d Decompressors
-	for _, c := range []struct{ cmd, env string }{{"igzip", "CONTAINERD_DISABLE_IGZIP"}, {"unpigz", "CONTAINERD_DISABLE_PIGZ"}} {
-		if p := lookCommand(c.cmd, c.env); p != "" {
-			d.Gzip = p
-			break
+// The variables the CLI reads DecompressOptions from: containerd's own.
+const (
+	EnvDisableIgzip = "CONTAINERD_DISABLE_IGZIP"
+	EnvDisablePigz  = "CONTAINERD_DISABLE_PIGZ"
+)
+
+// FindDecompressors looks up the fastest gzip decompressor installed that
+// o allows, as containerd's own choice goes: igzip, else unpigz, else Go's
+// decoder (igzip decodes gzip about four times as fast as Go, unpigz one
+// and a half).
+func FindDecompressors(o DecompressOptions) Decompressors {
+	for _, c := range []struct {
+		cmd string
+		off bool
+	}{{"igzip", o.NoIgzip}, {"unpigz", o.NoPigz}} {
+		if c.off {
+			continue
+		}
+		if p, err := exec.LookPath(c.cmd); err == nil {
+			return Decompressors{Gzip: p}
 		}
 	}
-	return d
-})
-
-func lookCommand(cmd, disableEnv string) string {
-	if v, _ := strconv.ParseBool(os.Getenv(disableEnv)); v {
-		return ""
-	}
-	p, err := exec.LookPath(cmd)
-	if err != nil {
-		return ""
-	}
-	return p
+	return Decompressors{}
 }
+
+// WithDecompress sets which gzip commands pulls may run (default: any
+// installed, FindDecompressors). They are looked up once, by New.
+func WithDecompress(o DecompressOptions) Option { return func(r *Puller) { r.decompress = o } }
 
 // pipeSize is what cmdStream asks of its pipes: fewer, larger reads and
 // writes than the 64 KiB default, for gigabytes of layer.

@@ -119,8 +119,8 @@ func clearDir(dir string) error {
 // digest of the uncompressed stream (the diff ID). (Hashing on a goroutine
 // of its own, beside the extraction, measured no faster: a pull keeps both
 // cores busy.)
-func applyStream(ctx context.Context, dir string, r io.Reader, slot *zstdSlot, opts []archive.ApplyOpt) (digest.Digest, error) {
-	rc, err := decompress(ctx, r, slot)
+func applyStream(ctx context.Context, dir string, r io.Reader, slot *zstdSlot, gzipCmd string, opts []archive.ApplyOpt) (digest.Digest, error) {
+	rc, err := decompress(ctx, r, slot, gzipCmd)
 	if err != nil {
 		return "", err
 	}

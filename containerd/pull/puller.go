@@ -23,6 +23,8 @@ type Puller struct {
 	keepLayers bool
 	mode       Strategy // how layers are unpacked (unpack.go)
 	flush      *flusher
+	decompress DecompressOptions
+	gzip       string // the gzip command layers are decompressed with; "": Go's (decompress.go)
 }
 
 // Option configures a Puller.
@@ -46,6 +48,7 @@ func New(c *conn.Conn, opts ...Option) *Puller {
 	for _, o := range opts {
 		o(r)
 	}
+	r.gzip = FindDecompressors(r.decompress).Gzip
 	return r
 }
 

@@ -647,7 +647,7 @@ func (u *unpacker) extract(ctx context.Context, l *layer, parallelChild bool, re
 				l.implicit = newImplicitDirs(dir)
 				opts = append(opts, archive.WithFilter(l.implicit.filter))
 			}
-			got, err := applyStream(ctx, dir, l.stream, l.zstd, opts)
+			got, err := applyStream(ctx, dir, l.stream, l.zstd, u.r.gzip, opts)
 			l.zstd.release() // the decoder is done: the pull's next layer may start
 			if err == nil && l.direct {
 				// The download checks the blob once it has all of it: it
