@@ -1,9 +1,11 @@
 // Package memrt is the fast tier's stand-in for containerd, for tests of
-// the code above it (provision, agent): pins in a slice, pulls that fail
-// where a test says, probe runs that print what a test says, and a
-// registry's answer held in memory. It holds no behaviour a test claims of
-// containerd (those tests run on a real daemon); it lets the logic above
-// be checked in milliseconds, without one.
+// the code above it (provision, agent): image records, pins and their
+// recovery in maps, pulls that fail where a test says, probe runs that
+// print what a test says, and a registry's answer held in memory. Its pin
+// store is held to containerd's by internal/runtimetest.Conformance, which
+// runs the same cases on a real daemon; anything else a test claims of
+// containerd runs on one. It lets the logic above be checked in
+// milliseconds, without a daemon.
 //
 // *Runtime is all of agent.RunRuntime (and so provision.Runtime): the
 // agent's tests check that at compile time.
