@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
@@ -85,11 +83,7 @@ func TestCLISimulatedProbeRunsWhatProvisionRuns(t *testing.T) {
 				}
 				argv, _ := json.Marshal([]string{"/bin/sh", "-c", selfTestOK})
 				meta := images.Metadata{Engine: "selftest", EngineVersion: "1.0", Variant: "cu129", CUDA: "12.9", Probe: "exec", ProbeExec: string(argv)}
-				ref := reg.Host + "/selftest:1.0"
-				entry := sandbox.IndexEntry{Image: img, Annotations: meta.Annotations(), Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}
-				if _, err := sandbox.PushIndex(ctx, ref, []sandbox.IndexEntry{entry}); err != nil {
-					t.Fatal(err)
-				}
+				ref := sandbox.Publish(t, reg.Host+"/selftest:1.0", sandbox.Variant{Image: img, Meta: meta})
 				out, code := c.run("provision", ref, "--json")
 				var sts []provision.Status
 				if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &sts); err != nil || code != 0 || len(sts) != 1 {

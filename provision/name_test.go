@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
 	"github.com/gpupin/gpupin/internal/sandbox"
@@ -45,12 +43,8 @@ func TestSimulatedProbeTargetIsWhatProvisionProbes(t *testing.T) {
 		t.Fatal(err)
 	}
 	argv, _ := json.Marshal([]string{"/bin/sh", "-c", selfTest})
-	published := reg.Host + "/eng:1.0"
 	meta := images.Metadata{Engine: "eng", EngineVersion: "1.0", Variant: "cu129", CUDA: "12.9", Probe: "exec", ProbeExec: string(argv)}
-	if _, err := sandbox.PushIndex(ctx, published, []sandbox.IndexEntry{{Image: selftest, Annotations: meta.Annotations(),
-		Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}}); err != nil {
-		t.Fatal(err)
-	}
+	published := sandbox.Publish(t, reg.Host+"/eng:1.0", sandbox.Variant{Image: selftest, Meta: meta})
 	// Pinned as provision pins it, by its self-test.
 	st := p.Provision(ctx, provision.Want{Ref: published})
 	if st.State != provision.Ready {
