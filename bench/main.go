@@ -67,9 +67,11 @@ type config struct {
 	// levers, when set, are the lever rows measured: each a part of a
 	// row's name (the first row, the others' reference, always runs).
 	levers []string
+	// trustSize is the signed image's size in the trust rows.
+	trustSize int64
 }
 
-var allSections = []string{"random", "real", "levers", "floor", "fallback", "warm", "plan", "probe"}
+var allSections = []string{"random", "real", "levers", "floor", "fallback", "trust", "warm", "plan", "probe"}
 
 func main() {
 	if len(os.Args) > 1 {
@@ -93,6 +95,8 @@ func main() {
 	flag.StringVar(&sections, "sections", strings.Join(allSections, ","), "what to measure: "+strings.Join(allSections, ", "))
 	flag.DurationVar(&cfg.probeTime, "probe-time", 8*time.Second, "how long the failing first candidate's probe runs in the fallback rows")
 	flag.StringVar(&levers, "levers", "", "comma-separated parts of the lever rows' names to measure (default: every row)")
+	var trustMiB int64
+	flag.Int64Var(&trustMiB, "trust-mib", 256, "size in MiB of the signed image in the trust rows")
 	flag.IntVar(&warmMiB, "warm-mib", 4096, "before each timed run, write and free this much of tmpfs (0: don't); see settle")
 	flag.Parse()
 	for _, s := range strings.Split(sizes, ",") {
@@ -103,6 +107,11 @@ func main() {
 		}
 		cfg.sizes = append(cfg.sizes, mib<<20)
 	}
+	if trustMiB < layersPerImage {
+		fmt.Fprintf(os.Stderr, "bench: -trust-mib %d: want at least %d\n", trustMiB, layersPerImage)
+		os.Exit(2)
+	}
+	cfg.trustSize = trustMiB << 20
 	cfg.containerds = strings.Split(ctds, ",")
 	if levers != "" {
 		cfg.levers = strings.Split(levers, ",")
@@ -141,6 +150,8 @@ type env struct {
 	real     *realImages
 	// realResults are the real-files medians so far, for the floor rows.
 	realResults []realResult
+	// signed is the trust rows' image, once published.
+	signed *signedImage
 }
 
 type row struct {
@@ -273,6 +284,13 @@ func (e *env) daemonRows(ctx context.Context, first bool) ([]row, error) {
 		r, err := e.fallback(ctx)
 		if err != nil {
 			return nil, err
+		}
+		rows = append(rows, r...)
+	}
+	if s["trust"] {
+		r, err := e.trustRows(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("trust rows: %w", err)
 		}
 		rows = append(rows, r...)
 	}

@@ -10,6 +10,8 @@
 # real-file layers (from this machine's /usr) into $GPUPIN_BENCH_CACHE.
 #
 #   scripts/bench.sh [flags for bench/main.go, e.g. -runs 5 -sections real,floor]
+#   scripts/bench.sh -sections trust -out FILE   # only what a required signature
+#                                                # policy adds (a few minutes)
 set -eu
 cd "$(dirname "$0")/.."
 export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
