@@ -136,7 +136,8 @@ type alias struct {
 }
 
 // Publish reads every variant, checks it against its own config, and pushes
-// the children by digest, the alias tags, and the tag last, so a failure
+// the children, the alias indexes and the index by digest, runs
+// opts.BeforeTag, then writes the alias tags and the tag last, so a failure
 // before that leaves the tag as it was. It then reads it all back.
 func Publish(ctx context.Context, opts PublishOptions) (*Result, error) {
 	// One policy for the whole publish, so an error can say which hosts

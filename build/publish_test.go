@@ -556,3 +556,60 @@ func TestPublishOptionErrors(t *testing.T) {
 		})
 	}
 }
+
+// BeforeTag runs with every manifest readable by digest (each entry, each
+// alias index, the index) and no tag written yet; its error fails the
+// publish with no tag or alias written.
+func TestPublishBeforeTag(t *testing.T) {
+	ctx := context.Background()
+	reg := testenv.Registry(t)
+	variants := pushSources(t, reg.Host, twoVariants())
+	for _, tc := range []struct {
+		name, version string
+		fail          error
+	}{
+		{"runs before the tags", "1.0", nil},
+		{"its error writes no tag", "2.0", fmt.Errorf("signing refused")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tag := reg.Host + "/org/vllm:" + tc.version
+			calls := 0
+			before := func(ctx context.Context, res *Result) error {
+				calls++
+				digests := []string{res.Digest}
+				for _, e := range res.Entries {
+					digests = append(digests, e.Digest)
+				}
+				for _, d := range res.Aliases {
+					digests = append(digests, d)
+				}
+				for _, d := range digests {
+					if _, err := remote.Head(testenv.MustRef(t, reg.Host+"/org/vllm@"+d)); err != nil {
+						t.Errorf("BeforeTag: %s not pushed by digest yet: %v", d, err)
+					}
+				}
+				if _, err := remote.Head(testenv.MustRef(t, tag)); err == nil {
+					t.Errorf("BeforeTag: %s already written", tag)
+				}
+				return tc.fail
+			}
+			_, err := Publish(ctx, PublishOptions{Tag: tag, Variants: variants, BeforeTag: before})
+			if calls != 1 {
+				t.Fatalf("BeforeTag ran %d times", calls)
+			}
+			if tc.fail == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := remote.Head(testenv.MustRef(t, tag)); err != nil {
+					t.Fatalf("tag after BeforeTag: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "tag not written: signing refused") {
+				t.Fatalf("error %v, want BeforeTag's, saying no tag was written", err)
+			}
+			assertNoTag(t, tag)
+		})
+	}
+}
