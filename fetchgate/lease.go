@@ -346,6 +346,9 @@ type holding struct {
 // mirror of this node answers (it died during the pull), so that a waiter
 // fetches instead of every waiter missing its mirror and going upstream.
 func (h *holding) served(ctx context.Context) string {
+	if fresh := h.g.cfg.freshServed; fresh != nil && !fresh(ctx) {
+		return StateFetched
+	}
 	if reason := h.g.noMirror(ctx, h.ref); reason != "" {
 		h.g.cfg.logger.Warn("every byte in, but no peer can get it from this node; another node fetches", "ref", h.ref, "reason", reason)
 		return StateUnserved
@@ -356,13 +359,30 @@ func (h *holding) served(ctx context.Context) string {
 // renewWhileMoving renews the lease every renewEvery in which the pull
 // moved at least minProgress bytes, or, with every byte in, while it
 // unpacks within the grace. A pull that moves nothing lets it run out.
-// Once allIn closes it marks the lease (served) and renews no more: the
+// Once allIn closes and the blobs are stored (committed: progress counts
+// a blob's bytes before its commit, and Spegel advertises it only on the
+// commit's event) it marks the lease (served) and renews no more: the
 // waiters have gone to their mirrors.
 func (h *holding) renewWhileMoving(ctx context.Context, stop, allIn <-chan struct{}, done, total *atomic.Int64) {
 	t := time.NewTicker(h.g.cfg.renewEvery)
 	defer t.Stop()
 	var last int64
 	var allInAt time.Time
+	var check <-chan time.Time // while every byte is in and not yet stored
+	// mark says whether the lease is marked (or lost) now.
+	mark := func() bool {
+		if h.lost {
+			return true
+		}
+		if stored := h.g.cfg.stored; stored != nil && !stored(ctx, h.ref) {
+			return false
+		}
+		h.finish(ctx, h.served(ctx), done.Load(), total.Load())
+		if !h.marked && !h.lost {
+			check = nil // not written: renew as before, and mark at the end
+		}
+		return h.marked || h.lost
+	}
 	for {
 		select {
 		case <-stop:
@@ -370,13 +390,18 @@ func (h *holding) renewWhileMoving(ctx context.Context, stop, allIn <-chan struc
 		case <-ctx.Done():
 			return
 		case <-allIn:
-			if !h.lost {
-				h.finish(ctx, h.served(ctx), done.Load(), total.Load())
-			}
-			if h.marked || h.lost {
+			allIn = nil
+			c := time.NewTicker(100 * time.Millisecond)
+			defer c.Stop()
+			check = c.C
+			if mark() {
 				return
 			}
-			allIn = nil // not written: renew as before, and mark at the end
+			continue
+		case <-check:
+			if mark() {
+				return
+			}
 			continue
 		case <-t.C:
 		}

@@ -2,7 +2,16 @@ package provision
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"strings"
+
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/gpupin/gpupin/containerd"
 )
 
 // FetchGate orders a node's pulls against other nodes' (package fetchgate:
@@ -39,4 +48,50 @@ func (p *Provisioner) gatedPull(ctx context.Context, st *Status, ref string, pul
 		st.Detail = base + ": " + detail
 		p.emit(ctx, *st)
 	}, pull)
+}
+
+// ImageStored is the fetch gate's WithStored over rt: every layer of the
+// manifest ref names (for an index, of each child present) is committed
+// to rt's content store, where the node's Spegel serves it from.
+func ImageStored(rt *containerd.Runtime) func(ctx context.Context, ref string) bool {
+	return func(ctx context.Context, ref string) bool {
+		i := strings.LastIndexByte(ref, '@')
+		if i < 0 {
+			return false
+		}
+		dg, err := digest.Parse(ref[i+1:])
+		if err != nil {
+			return false
+		}
+		ctx = namespaces.WithNamespace(ctx, rt.Namespace())
+		return blobsStored(ctx, rt.Client().ContentStore(), dg, 0)
+	}
+}
+
+func blobsStored(ctx context.Context, cs content.Store, dg digest.Digest, depth int) bool {
+	raw, err := content.ReadBlob(ctx, cs, ocispec.Descriptor{Digest: dg})
+	if err != nil {
+		return false
+	}
+	var m struct {
+		Layers    []ocispec.Descriptor `json:"layers"`
+		Manifests []ocispec.Descriptor `json:"manifests"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return false
+	}
+	for _, l := range m.Layers {
+		if _, err := cs.Info(ctx, l.Digest); err != nil {
+			return false
+		}
+	}
+	for _, c := range m.Manifests {
+		if _, err := cs.Info(ctx, c.Digest); err != nil || depth > 0 {
+			continue // another platform's, not pulled
+		}
+		if !blobsStored(ctx, cs, c.Digest, depth+1) {
+			return false
+		}
+	}
+	return len(m.Layers)+len(m.Manifests) > 0
 }
