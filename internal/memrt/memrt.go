@@ -127,6 +127,17 @@ func (m *Runtime) DeleteRecord(name string) {
 	delete(m.records, name)
 }
 
+// Relabel replaces the record's labels as another client's pull of the
+// name would (ctr pull, kubelet): it is no pin, and no candidate, until
+// recovery puts the labels back.
+func (m *Runtime) Relabel(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := m.records[name]; r != nil {
+		r.pin, r.candidate, r.updated = nil, false, m.now()
+	}
+}
+
 // LoseImage deletes the record and its content: nothing is left to
 // restore it from.
 func (m *Runtime) LoseImage(name string) {
@@ -393,8 +404,8 @@ func (m *Runtime) Recover(context.Context) ([]containerd.Recovered, error) {
 	return done, nil
 }
 
-// recoverLocked puts back the record of a pin that another client
-// deleted, while its content remains. A pin whose content went too is not
+// recoverLocked puts back a pin another client took: its labels on a
+// record pulled over, its record while its content remains. A pin whose content went too is not
 // restored: its proof and local name go, and the engine is proved again;
 // containerd's store reports that local name as foreign (the pin its
 // marker names is gone) and removed, and so does this.
@@ -410,6 +421,12 @@ func (m *Runtime) recoverLocked() []containerd.Recovered {
 		if cur := m.current(key); cur != nil && cur.name == p.Ref {
 			continue
 		}
+		if r := m.records[p.Ref]; r != nil && r.pin == nil && r.digest == p.Digest {
+			m.setPin(r, p)
+			r.pin.Restored = r.updated.Truncate(time.Second)
+			out = append(out, containerd.Recovered{Key: key, Ref: p.Ref, Action: "relabelled", Detail: "a pull by another client had replaced its labels"})
+			continue
+		}
 		if m.records[p.Ref] == nil && m.content[p.Digest] {
 			rec := &record{name: p.Ref, digest: p.Digest}
 			m.records[p.Ref] = rec
@@ -420,6 +437,11 @@ func (m *Runtime) recoverLocked() []containerd.Recovered {
 			continue
 		}
 		delete(m.proofs, key)
+		if m.records[p.Ref] != nil {
+			// Demoted, or another key's pin now: never restored.
+			out = append(out, containerd.Recovered{Key: key, Ref: p.Ref, Action: "dropped", Detail: "its record is no longer this pin's"})
+			continue
+		}
 		if l, ok := m.locals[key]; ok {
 			delete(m.locals, key)
 			out = append(out, containerd.Recovered{Key: key, Ref: l, Action: "foreign",

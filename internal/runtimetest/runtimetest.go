@@ -42,6 +42,9 @@ type Harness struct {
 	// DeleteRecord deletes the image record as another client of
 	// containerd does (kubelet's image GC, crictl rmi): its content stays.
 	DeleteRecord func(t *testing.T, name string)
+	// Relabel replaces the record's labels as another client's pull of
+	// the name does (ctr pull, kubelet): its target stays.
+	Relabel func(t *testing.T, name string)
 	// LoseImage deletes the record and its content (the manifest a pin's
 	// lease held): nothing is left to restore it from.
 	LoseImage func(t *testing.T, name string)
@@ -69,6 +72,7 @@ func Conformance(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"pin of no record", pinOfNoRecord},
 		{"listing does not recover, reading does", listingVersusReading},
 		{"recovery after a lost image", recoveryAfterLostImage},
+		{"recovery after a pull over the pin", recoveryAfterRelabel},
 		{"an unpinned pin is not recovered", unpinnedIsNotRecovered},
 	}
 	for _, c := range cases {
@@ -361,6 +365,23 @@ func recoveryAfterLostImage(t *testing.T, h Harness) {
 	// The other image still pins.
 	setPin(t, h, 1, Source)
 	expectPins(t, "a new pin after the loss", list(t, h, true), h.Images[1], Source)
+}
+
+// A pull by another client writes the pin's record anew, without its
+// labels: ListPins shows no pin, and Pins (Recover) puts the labels back.
+func recoveryAfterRelabel(t *testing.T, h Harness) {
+	p := setPin(t, h, 0, Source)
+	h.Relabel(t, p.Ref)
+	expectPins(t, "ListPins after the pull", list(t, h, false), "", "")
+	done, err := h.Runtime.Recover(context.Background())
+	if got := reports(done); err != nil || len(got) != 1 || got[0].Action != "relabelled" || got[0].Ref != p.Ref {
+		t.Fatalf("Recover after the pull: %+v, %v; want %s relabelled, alone", done, err, p.Ref)
+	}
+	pins := list(t, h, false)
+	expectPins(t, "ListPins after Recover", pins, p.Ref, Source)
+	if pins[0].Restored.IsZero() {
+		t.Fatalf("Recover restored %+v without saying when", pins[0])
+	}
 }
 
 // What unpin took back is never restored, even with its record deleted.

@@ -33,6 +33,7 @@ func TestConformanceInMemory(t *testing.T) {
 		return runtimetest.Harness{Runtime: m, Images: refs,
 			Has:          func(_ *testing.T, name string) bool { return m.Has(name) },
 			DeleteRecord: func(_ *testing.T, name string) { m.DeleteRecord(name) },
+			Relabel:      func(_ *testing.T, name string) { m.Relabel(name) },
 			LoseImage:    func(_ *testing.T, name string) { m.LoseImage(name) },
 		}
 	})
@@ -87,6 +88,17 @@ func TestConformanceOverContainerd(t *testing.T) {
 				return err == nil
 			},
 			DeleteRecord: func(t *testing.T, name string) { del(t, name) },
+			Relabel: func(t *testing.T, name string) {
+				rec, err := is.Get(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The labels a CRI pull leaves, every other one gone.
+				rec.Labels = map[string]string{"io.cri-containerd.image": "managed"}
+				if _, err := is.Update(ctx, rec); err != nil {
+					t.Fatal(err)
+				}
+			},
 			LoseImage: func(t *testing.T, name string) {
 				rec := del(t, name)
 				// The manifest the pin's lease held goes too.
