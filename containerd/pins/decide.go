@@ -181,8 +181,9 @@ func planProof(cur images.Image, s *keyState) proofPlan {
 // onto another image names a pin with another target. A record from
 // before the marker (io.gpupin.local=key, no marker) on cur's own target
 // is gpupin's: keepLocal marks it. cur is the key's pin, or nil; marked
-// holds the records markers name (keyState.marked), as they are now.
-func foreignLocal(key string, l images.Image, cur *images.Image, marked map[string]images.Image) string {
+// holds the records markers name (keyState.marked), as they are now, and
+// lost the markers whose record went with l's content (keyState.lost).
+func foreignLocal(key string, l images.Image, cur *images.Image, marked map[string]images.Image, lost map[string]bool) string {
 	if l.Labels[LabelLocal] != key {
 		return fmt.Sprintf("%s, on %s, was not written by gpupin (no %s label: a pull of the name, from a peer through a mirror, or ctr tag)",
 			l.Name, l.Target.Digest, LabelLocal)
@@ -196,6 +197,10 @@ func foreignLocal(key string, l images.Image, cur *images.Image, marked map[stri
 	}
 	rec, ok := marked[m]
 	switch {
+	case !ok && lost[m]:
+		// The pin was here and its image went, record and content (a
+		// gc, a ctr rm): its local name is gpupin's own, and goes with it.
+		return ""
 	case !ok:
 		return fmt.Sprintf("%s, on %s, names the pin %s, which this node does not have (labels copied from another node's record)", l.Name, l.Target.Digest, m)
 	case conn.Tampered(rec) || rec.Target.Digest != l.Target.Digest:
@@ -257,7 +262,7 @@ func (n localNaming) ours(name string) bool { return strings.HasPrefix(name, n.p
 // name in use moves in the same step. A foreign record of gpupin's name is
 // replaced by the node's own; one of another name is let go, never
 // repointed.
-func planKeepLocal(key string, n localNaming, cur images.Image, locals []images.Image, marked map[string]images.Image) []localStep {
+func planKeepLocal(key string, n localNaming, cur images.Image, locals []images.Image, marked map[string]images.Image, lost map[string]bool) []localStep {
 	want := localLabels(key, cur)
 	var steps []localStep
 	ownFound := n.own == ""
@@ -267,7 +272,7 @@ func planKeepLocal(key string, n localNaming, cur images.Image, locals []images.
 			continue
 		}
 		st := localStep{op: localMove, done: actLocal.report(key, l.Name, "now "+cur.Name)}
-		if why := foreignLocal(key, l, &cur, marked); why != "" {
+		if why := foreignLocal(key, l, &cur, marked, lost); why != "" {
 			if l.Name != n.own && !n.ours(l.Name) {
 				steps = append(steps, localStep{op: localUnlabel, rec: l, done: actForeign.report(key, l.Name, why+": "+localUnlabeled)})
 				continue
@@ -292,10 +297,10 @@ func planKeepLocal(key string, n localNaming, cur images.Image, locals []images.
 // own, or any under the prefix, is deleted; a foreign one of another name
 // (gpupin's labels copied onto someone's image) only loses gpupin's
 // labels.
-func planClearLocal(key string, n localNaming, locals []images.Image, marked map[string]images.Image) []localStep {
+func planClearLocal(key string, n localNaming, locals []images.Image, marked map[string]images.Image, lost map[string]bool) []localStep {
 	var steps []localStep
 	for _, l := range locals {
-		why := foreignLocal(key, l, nil, marked)
+		why := foreignLocal(key, l, nil, marked, lost)
 		switch {
 		case why == "":
 			steps = append(steps, localStep{op: localDelete, rec: l, done: actCleared.report(key, l.Name, "no pin: its local name is removed")})

@@ -272,21 +272,23 @@ func TestForeignLocal(t *testing.T) {
 		cur    *images.Image
 		marked map[string]images.Image
 		why    string // in the reason; "" gpupin's own
+		lost   map[string]bool
 	}{
-		{"gpupin's, on the pin", localOf(testOwn, cur), &cur, marked(cur), ""},
-		{"gpupin's, on the pin it names, now demoted", localOf(testOwn, old), &cur, marked(cur, demoted), ""},
-		{"gpupin's, with no pin now", localOf(testOwn, cur), nil, marked(cur), ""},
-		{"no gpupin label (a pull of the name, ctr tag)", pulled, &cur, marked(cur), "was not written by gpupin"},
-		{"from before the marker, on the pin", unmarked, &cur, marked(cur), ""},
-		{"from before the marker, not on the pin", unmarked, nil, marked(), "carries no io.gpupin.local.pin marker"},
-		{"names a pin this node does not have", localOf(testOwn, cur), &cur, marked(), "which this node does not have"},
-		{"names a pin on another target", copied, &cur, marked(cur), "labels copied onto another image"},
-		{"names a tampered record", localOf(testOwn, cur), &cur, marked(tampered(cur)), "labels copied onto another image"},
-		{"names another key's pin", localOf(testOwn, another), &cur, marked(another), "which is no pin of eng:1"},
+		{"gpupin's, on the pin", localOf(testOwn, cur), &cur, marked(cur), "", nil},
+		{"gpupin's, on the pin it names, now demoted", localOf(testOwn, old), &cur, marked(cur, demoted), "", nil},
+		{"gpupin's, with no pin now", localOf(testOwn, cur), nil, marked(cur), "", nil},
+		{"no gpupin label (a pull of the name, ctr tag)", pulled, &cur, marked(cur), "was not written by gpupin", nil},
+		{"from before the marker, on the pin", unmarked, &cur, marked(cur), "", nil},
+		{"from before the marker, not on the pin", unmarked, nil, marked(), "carries no io.gpupin.local.pin marker", nil},
+		{"names a pin this node does not have", localOf(testOwn, cur), &cur, marked(), "which this node does not have", nil},
+		{"names a pin lost here with its image", localOf(testOwn, cur), nil, marked(), "", map[string]bool{cur.Name: true}},
+		{"names a pin on another target", copied, &cur, marked(cur), "labels copied onto another image", nil},
+		{"names a tampered record", localOf(testOwn, cur), &cur, marked(tampered(cur)), "labels copied onto another image", nil},
+		{"names another key's pin", localOf(testOwn, another), &cur, marked(another), "which is no pin of eng:1", nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := foreignLocal(testKey, tc.l, tc.cur, tc.marked)
+			got := foreignLocal(testKey, tc.l, tc.cur, tc.marked, tc.lost)
 			if (tc.why == "") != (got == "") || !strings.Contains(got, tc.why) {
 				t.Errorf("foreignLocal = %q; want %q", got, tc.why)
 			}
@@ -343,7 +345,7 @@ func TestPlanKeepLocal(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := planKeepLocal(testKey, tc.n, cur, tc.locals, marked)
+			got := planKeepLocal(testKey, tc.n, cur, tc.locals, marked, nil)
 			checkSteps(t, got, tc.want)
 			for _, st := range got {
 				switch st.op {
@@ -371,19 +373,24 @@ func TestPlanClearLocal(t *testing.T) {
 		name   string
 		locals []images.Image
 		marked map[string]images.Image
+		lost   map[string]bool
 		want   []step
 	}{
-		{"nothing", nil, nil, nil},
-		{"gpupin's own, on the pin demoted: removed", []images.Image{localOf(testOwn, gone)}, map[string]images.Image{gone.Name: demoted},
+		{"nothing", nil, nil, nil, nil},
+		{"gpupin's own, on the pin demoted: removed", []images.Image{localOf(testOwn, gone)}, map[string]images.Image{gone.Name: demoted}, nil,
 			[]step{{localDelete, testOwn, "cleared", "no pin: its local name is removed"}}},
-		{"a pull of its name: removed", []images.Image{pulledOwn}, nil,
+		{"gpupin's own, its pin lost with its image: removed", []images.Image{localOf(testOwn, gone)}, nil, map[string]bool{gone.Name: true},
+			[]step{{localDelete, testOwn, "cleared", "no pin: its local name is removed"}}},
+		{"gpupin's own, its pin gone but its content here (labels copied): foreign", []images.Image{localOf(testOwn, gone)}, nil, nil,
+			[]step{{localDelete, testOwn, "foreign", "which this node does not have"}}},
+		{"a pull of its name: removed", []images.Image{pulledOwn}, nil, nil,
 			[]step{{localDelete, testOwn, "foreign", "; this node has no pin of eng:1: " + localRemoved}}},
-		{"gpupin's labels on someone's image: taken off", []images.Image{copiedElsewhere}, nil,
+		{"gpupin's labels on someone's image: taken off", []images.Image{copiedElsewhere}, nil, nil,
 			[]step{{localUnlabel, copiedElsewhere.Name, "foreign", "; this node has no pin of eng:1: " + localUnlabeled}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			checkSteps(t, planClearLocal(testKey, testNaming, tc.locals, tc.marked), tc.want)
+			checkSteps(t, planClearLocal(testKey, testNaming, tc.locals, tc.marked, tc.lost), tc.want)
 		})
 	}
 }

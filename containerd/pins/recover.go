@@ -196,7 +196,7 @@ func (r *Store) fixKeyLocked(ctx context.Context, key string) ([]Recovered, erro
 	}
 	n := localNaming{own: r.LocalName(key), prefix: r.localPrefix}
 	if cur == nil {
-		done, err := r.clearKey(ctx, key, s, planClearLocal(key, n, s.locals, s.marked))
+		done, err := r.clearKey(ctx, key, s, planClearLocal(key, n, s.locals, s.marked, s.lost))
 		return append(out, done...), err
 	}
 	done, err := r.keepProof(ctx, key, *cur, planProof(*cur, s))
@@ -204,6 +204,6 @@ func (r *Store) fixKeyLocked(ctx context.Context, key string) ([]Recovered, erro
 	if err != nil {
 		return out, err
 	}
-	done, err = r.keepLocal(ctx, key, planKeepLocal(key, n, *cur, s.locals, s.marked))
+	done, err = r.keepLocal(ctx, key, planKeepLocal(key, n, *cur, s.locals, s.marked, s.lost))
 	return append(out, done...), err
 }

@@ -28,6 +28,10 @@ type keyState struct {
 	// name, by name; a name missing here is a record this namespace does
 	// not have. Read by readMarked, for the key being repaired only.
 	marked map[string]images.Image
+	// lost are the markers whose record is missing while the local name's
+	// own target content is gone too: the pin's image was lost here, not
+	// copied from elsewhere (a copy brings its content).
+	lost map[string]bool
 }
 
 // keyStates reads what containerd holds for every key, or for one: the
@@ -191,6 +195,13 @@ func (r *Store) readMarked(ctx context.Context, s *keyState) {
 		}
 		if rec, err := r.conn.Client.ImageService().Get(ctx, m); err == nil {
 			s.marked[m] = rec
+			continue
+		}
+		if _, err := r.conn.Client.ContentStore().Info(ctx, l.Target.Digest); errdefs.IsNotFound(err) {
+			if s.lost == nil {
+				s.lost = map[string]bool{}
+			}
+			s.lost[m] = true
 		}
 	}
 }

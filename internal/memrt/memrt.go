@@ -407,8 +407,7 @@ func (m *Runtime) Recover(context.Context) ([]containerd.Recovered, error) {
 // recoverLocked puts back a pin another client took: its labels on a
 // record pulled over, its record while its content remains. A pin whose content went too is not
 // restored: its proof and local name go, and the engine is proved again;
-// containerd's store reports that local name as foreign (the pin its
-// marker names is gone) and removed, and so does this.
+// containerd's store reports that local name cleared, as this does.
 func (m *Runtime) recoverLocked() []containerd.Recovered {
 	keys := make([]string, 0, len(m.proofs))
 	for k := range m.proofs {
@@ -444,9 +443,7 @@ func (m *Runtime) recoverLocked() []containerd.Recovered {
 		}
 		if l, ok := m.locals[key]; ok {
 			delete(m.locals, key)
-			out = append(out, containerd.Recovered{Key: key, Ref: l, Action: "foreign",
-				Detail: fmt.Sprintf("%s, on %s, names the pin %s, which this node does not have (labels copied from another node's record); this node has no pin of %s: removed",
-					l, p.Digest, p.Ref, key)})
+			out = append(out, containerd.Recovered{Key: key, Ref: l, Action: "cleared", Detail: "no pin: its local name is removed"})
 		}
 	}
 	return out
