@@ -6,7 +6,13 @@ import (
 	"sync"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/internal/memrt"
+	"github.com/gpupin/gpupin/internal/sandbox"
+	"github.com/gpupin/gpupin/internal/testenv"
 	"github.com/gpupin/gpupin/provision"
 )
 
@@ -94,5 +100,49 @@ func TestFetchGateOrdersEveryPull(t *testing.T) {
 	}
 	if _, err := provision.New(memrt.New(), provision.WithFetchGate(nil)); err == nil {
 		t.Error("WithFetchGate(nil) accepted")
+	}
+}
+
+// TestImageStoredSeesCommittedLayers: against a real containerd, the fetch
+// gate's store check (fetchgate.WithStored) says no before the pull, yes
+// once every layer blob is committed, and no again when one of them goes.
+func TestImageStoredSeesCommittedLayers(t *testing.T) {
+	reg := testenv.Registry(t)
+	rt := testenv.Runtime(t, containerd.WithKeepLayers(true))
+	ctx := testenv.Context(rt)
+	layer, err := sandbox.RandomLayer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := sandbox.Image(sandbox.ImageSpec{Layers: []v1.Layer{layer}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := sandbox.PushImage(ctx, reg.Host+"/stored:1", img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Host + "/stored@" + h.String()
+	ld, err := layer.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := provision.ImageStored(rt)
+	for _, step := range []struct {
+		name string
+		do   func() error
+		want bool
+	}{
+		{"before the pull", func() error { return nil }, false},
+		{"pulled", func() error { _, err := rt.Pull(ctx, ref, containerd.PullOptions{}); return err }, true},
+		{"a layer blob gone", func() error { return rt.Client().ContentStore().Delete(ctx, digest.Digest(ld.String())) }, false},
+		{"no digest", func() error { ref = reg.Host + "/stored:1"; return nil }, false},
+	} {
+		if err := step.do(); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if got := stored(ctx, ref); got != step.want {
+			t.Errorf("%s: ImageStored = %v, want %v", step.name, got, step.want)
+		}
 	}
 }
