@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/images"
@@ -108,54 +107,4 @@ func (p *Provisioner) resolve(ctx context.Context, ref string) (*images.Set, err
 		return nil, err
 	}
 	return p.opts.Resolver.ResolveReference(ctx, pr)
-}
-
-// name sets the plan's key: the want's engine and version, else the
-// image's metadata, else the repository's last element and the tag.
-func (pl *Plan) name(w want, set *images.Set) {
-	engine, version := w.Engine, w.Version
-	by := NamedByWant
-	if set != nil {
-		for _, v := range set.Variants {
-			if engine == "" && v.Engine != "" {
-				engine, by = v.Engine, NamedByMetadata
-			}
-			if version == "" && v.EngineVersion != "" {
-				version, by = v.EngineVersion, NamedByMetadata
-			}
-		}
-	}
-	if engine == "" {
-		engine, by = images.EngineFromRepo(w.parsedRef), namedBy(by)
-	}
-	if version == "" {
-		version, by = w.parsedRef.Identifier(), namedBy(by)
-		if strings.HasPrefix(version, "sha256:") {
-			version = version[:19]
-		}
-	}
-	pl.Engine, pl.Version, pl.NamedBy = engine, version, by
-	pl.Key = engine + ":" + version
-}
-
-// namedBy: a key named partly by metadata is still not the want's.
-func namedBy(prev string) string {
-	if prev == NamedByMetadata {
-		return NamedByMetadata
-	}
-	return NamedByReference
-}
-
-// validKey refuses, before anything is pulled, a key a pin cannot carry.
-func validKey(engine, version string) error {
-	if !images.ValidEngineName(engine) {
-		return fmt.Errorf("%w: engine name %q (from the image or its repository) is not one gpupin pins under: lower-case letters, digits, '.', '_', '-', at most 64; name the engine in the want", ErrInvalidWant, engine)
-	}
-	if strings.HasPrefix(version, "sha256:") {
-		return nil
-	}
-	if !images.ValidEngineVersion(version) {
-		return fmt.Errorf("%w: engine version %q is not one gpupin pins under; name the version in the want", ErrInvalidWant, version)
-	}
-	return nil
 }
