@@ -328,7 +328,8 @@ func (g *Gate) hold(ctx context.Context, ref string, l *coordv1.Lease, pull Pull
 		// Even after an early mark: a node that comes later fetches
 		// again rather than trust a pull that failed.
 		h.finish(fctx, StateReleased, done.Load(), total.Load())
-	case !h.marked:
+	case !h.marked && !h.lost:
+		// A lost lease is another's now: its mirror is not asked.
 		h.finish(fctx, h.served(fctx), done.Load(), total.Load())
 	}
 	return err

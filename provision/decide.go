@@ -25,7 +25,8 @@ type reads struct {
 	// of the pins from the want's source, and the plan's engine.
 	overrides map[string]applied
 	// set is the want's reference resolved; nil until decide asks for it,
-	// and never read when a pin answers or an override's image replaces it.
+	// and never read when a pin answers, or when the want names its key
+	// and an image of its own.
 	set *images.Set
 	// image is an override's image resolved; nil until decide asks.
 	image *images.Set
@@ -265,6 +266,9 @@ func (p *Provisioner) decideReading(ctx context.Context, w want, r *reads, resol
 	if r.overrides == nil {
 		r.overrides = map[string]applied{}
 	}
+	if resolving == nil {
+		resolving = func() {}
+	}
 	for {
 		pl, n, err := decide(w, r, p.opts.DefaultProbe)
 		if err != nil || n.kind == needNothing {
@@ -290,9 +294,7 @@ func (p *Provisioner) read(ctx context.Context, w want, r *reads, n need, resolv
 		}
 		r.overrides[n.engine] = a
 	case needSet:
-		if resolving != nil {
-			resolving()
-		}
+		resolving()
 		set, err := p.opts.Resolver.ResolveReference(ctx, w.parsedRef)
 		if err != nil {
 			return err
@@ -302,6 +304,9 @@ func (p *Provisioner) read(ctx context.Context, w want, r *reads, n need, resolv
 		}
 		r.set = set
 	case needImage:
+		if r.set == nil {
+			resolving() // the registry's first question: a want's own image
+		}
 		set, err := p.resolve(ctx, n.ref)
 		if err != nil {
 			return fmt.Errorf("override image: %w", err)

@@ -142,8 +142,8 @@ func TestDecide(t *testing.T) {
 			}
 			pl, n, err := decide(w, &tc.r, "")
 			if tc.err {
-				if err == nil {
-					t.Fatalf("decide: no error, plan %+v", pl)
+				if !errors.Is(err, ErrInvalidWant) {
+					t.Fatalf("decide: %v, plan %+v; want %v", err, pl, ErrInvalidWant)
 				}
 				return
 			}
@@ -243,18 +243,22 @@ func TestDecideReadsEachPartOnce(t *testing.T) {
 		Override: "auto", Node: h100.Fingerprint()}
 	cases := []struct {
 		name      string
+		want      Want
 		overrides map[string]string
 		pins      []containerd.Pin
 		outcome   string
 		resolves  map[string]int
+		read      []string // the engines whose override is read, once each
 		resolving int
 	}{
-		{name: "pinned", pins: []containerd.Pin{answering}, outcome: OutcomePinned, resolves: map[string]int{}},
-		{name: "fresh", outcome: OutcomeReady, resolves: map[string]int{ref: 1}, resolving: 1},
+		{name: "pinned", pins: []containerd.Pin{answering}, outcome: OutcomePinned, resolves: map[string]int{}, read: []string{"demo"}},
+		{name: "fresh", outcome: OutcomeReady, resolves: map[string]int{ref: 1}, read: []string{"demo"}, resolving: 1},
 		{name: "image override", overrides: map[string]string{"demo": "reg.test/ops:mine"}, outcome: OutcomeReady,
-			resolves: map[string]int{ref: 1, "reg.test/ops:mine": 1}, resolving: 1},
+			resolves: map[string]int{ref: 1, "reg.test/ops:mine": 1}, read: []string{"demo"}, resolving: 1},
+		{name: "a named key's own image", want: Want{Ref: ref, Engine: "demo", Version: "1.0", Override: "reg.test/ops:mine"},
+			outcome: OutcomeReady, resolves: map[string]int{"reg.test/ops:mine": 1}, resolving: 1},
 		{name: "none", overrides: map[string]string{"demo": "none"}, pins: []containerd.Pin{answering}, outcome: OutcomeNone,
-			resolves: map[string]int{ref: 1}, resolving: 1},
+			resolves: map[string]int{ref: 1}, read: []string{"demo"}, resolving: 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -265,7 +269,10 @@ func TestDecideReadsEachPartOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			w, err := readWant(Want{Ref: ref})
+			if tc.want.Ref == "" {
+				tc.want.Ref = ref
+			}
+			w, err := readWant(tc.want)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -290,10 +297,15 @@ func TestDecideReadsEachPartOnce(t *testing.T) {
 			if resolving != tc.resolving {
 				t.Errorf("told resolving %d times, want %d", resolving, tc.resolving)
 			}
+			var read []string
 			for engine, n := range ovs.reads {
 				if n != 1 {
 					t.Errorf("override of %s read %d times, want once", engine, n)
 				}
+				read = append(read, engine)
+			}
+			if slices.Sort(read); !slices.Equal(read, tc.read) {
+				t.Errorf("overrides read of %v, want %v", read, tc.read)
 			}
 		})
 	}

@@ -85,6 +85,7 @@ func blobsStored(ctx context.Context, cs content.Store, dg digest.Digest, depth 
 			return false
 		}
 	}
+	children := 0
 	for _, c := range m.Manifests {
 		if _, err := cs.Info(ctx, c.Digest); err != nil || depth > 0 {
 			continue // another platform's, not pulled
@@ -92,6 +93,8 @@ func blobsStored(ctx context.Context, cs content.Store, dg digest.Digest, depth 
 		if !blobsStored(ctx, cs, c.Digest, depth+1) {
 			return false
 		}
+		children++
 	}
-	return len(m.Layers)+len(m.Manifests) > 0
+	// An index none of whose children is here has nothing stored yet.
+	return len(m.Layers) > 0 || children > 0
 }

@@ -327,8 +327,8 @@ func (st Status) allFailed(pl *Plan, old *containerd.Pin) Status {
 func (p *Provisioner) raced(ctx context.Context, st Status, w want, r *reads, conflict error) Status {
 	if pins, err := p.rt.Pins(ctx); err == nil {
 		r.pins = pins
-		if pin, n := pinFor(w, r); pin != nil && n.kind == needNothing {
-			return st.ready(*pin, true, fmt.Sprintf("pinned %s (%s) by another provision meanwhile", pin.Ref, pin.Variant))
+		if pl, err := p.decideReading(ctx, w, r, nil); err == nil && pl.Outcome == OutcomePinned {
+			return st.ready(*pl.Pinned, true, fmt.Sprintf("pinned %s (%s) by another provision meanwhile", pl.Pinned.Ref, pl.Pinned.Variant))
 		}
 	}
 	return st.fail(conflict)

@@ -182,7 +182,8 @@ func planProof(cur images.Image, s *keyState) proofPlan {
 // before the marker (io.gpupin.local=key, no marker) on cur's own target
 // is gpupin's: keepLocal marks it. cur is the key's pin, or nil; marked
 // holds the records markers name (keyState.marked), as they are now, and
-// lost the markers whose record went with l's content (keyState.lost).
+// lost the local names whose pin record went with their content
+// (keyState.lost).
 func foreignLocal(key string, l images.Image, cur *images.Image, marked map[string]images.Image, lost map[string]bool) string {
 	if l.Labels[LabelLocal] != key {
 		return fmt.Sprintf("%s, on %s, was not written by gpupin (no %s label: a pull of the name, from a peer through a mirror, or ctr tag)",
@@ -197,9 +198,10 @@ func foreignLocal(key string, l images.Image, cur *images.Image, marked map[stri
 	}
 	rec, ok := marked[m]
 	switch {
-	case !ok && lost[m]:
+	case !ok && lost[l.Name]:
 		// The pin was here and its image went, record and content (a
-		// gc, a ctr rm): its local name is gpupin's own, and goes with it.
+		// content prune after the record's removal): its local name is
+		// gpupin's own, and goes with it.
 		return ""
 	case !ok:
 		return fmt.Sprintf("%s, on %s, names the pin %s, which this node does not have (labels copied from another node's record)", l.Name, l.Target.Digest, m)

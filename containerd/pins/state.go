@@ -28,9 +28,9 @@ type keyState struct {
 	// name, by name; a name missing here is a record this namespace does
 	// not have. Read by readMarked, for the key being repaired only.
 	marked map[string]images.Image
-	// lost are the markers whose record is missing while the local name's
-	// own target content is gone too: the pin's image was lost here, not
-	// copied from elsewhere (a copy brings its content).
+	// lost are the local names whose marker names a missing record while
+	// their own target content is gone too: the pin's image was lost
+	// here, not copied from elsewhere (a copy brings its content).
 	lost map[string]bool
 }
 
@@ -201,7 +201,7 @@ func (r *Store) readMarked(ctx context.Context, s *keyState) {
 			if s.lost == nil {
 				s.lost = map[string]bool{}
 			}
-			s.lost[m] = true
+			s.lost[l.Name] = true
 		}
 	}
 }
