@@ -2,8 +2,6 @@ package agent_test
 
 import (
 	"bytes"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -21,18 +19,8 @@ var _ agent.RunRuntime = (*memrt.Runtime)(nil)
 func TestRunOverAnInMemoryRuntime(t *testing.T) {
 	const ref = "reg.example/org/demo:1.0"
 	m := memrt.New()
-	dir := t.TempDir()
-	bin := func(name string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	opts := []provision.Option{provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}),
-		provision.WithResolver(memrt.Resolver{ref: memrt.EngineSet(ref, "demo", "1.0")}),
-		provision.WithLockDir(filepath.Join(dir, "locks")), provision.WithProbeDir(filepath.Join(dir, "probe")),
-		provision.WithCUDAProbe(bin("gpupin-cuda-probe")), provision.WithSimProbe(bin("gpupin-sim-probe"))}
+	opts := append([]provision.Option{provision.WithNode(node.Static{Facts: h100("575.57.08", "12.9")}),
+		provision.WithResolver(memrt.Resolver{ref: memrt.EngineSet(ref, "demo", "1.0")})}, memrt.Staged(t)...)
 	r := startRun(t, agent.RunConfig{Runtime: m, Provision: opts,
 		Options: agent.Options{NoOverridesFile: true, SweepEvery: 20 * time.Millisecond},
 		Wants:   []provision.Want{{Ref: ref}}})

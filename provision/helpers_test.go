@@ -2,8 +2,6 @@ package provision_test
 
 import (
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/gpupin/gpupin/internal/memrt"
@@ -28,17 +26,7 @@ func probeFailure(t *testing.T, st provision.Status) *probe.Failure {
 // with stand-in probe programs (the probe never runs them: m prints).
 func memProvisioner(t *testing.T, m *memrt.Runtime, sets memrt.Resolver, facts *node.Facts, extra ...provision.Option) *provision.Provisioner {
 	t.Helper()
-	dir := t.TempDir()
-	bin := func(name string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	opts := []provision.Option{provision.WithNode(node.Static{Facts: facts}), provision.WithResolver(sets),
-		provision.WithOverrides(provision.NoOverrides()), provision.WithLockDir(filepath.Join(dir, "locks")),
-		provision.WithProbeDir(filepath.Join(dir, "probe")), provision.WithCUDAProbe(bin("gpupin-cuda-probe")),
-		provision.WithSimProbe(bin("gpupin-sim-probe"))}
+	opts := append([]provision.Option{provision.WithNode(node.Static{Facts: facts}), provision.WithResolver(sets),
+		provision.WithOverrides(provision.NoOverrides())}, memrt.Staged(t)...)
 	return testenv.Provisioner(t, m, append(opts, extra...)...)
 }

@@ -15,9 +15,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -548,4 +551,21 @@ func EngineSet(ref, engine, version string) *images.Set {
 	}
 	return &images.Set{Ref: ref, Repo: repo, MediaType: ocispec.MediaTypeImageIndex,
 		Variants: []images.Variant{variant("cu13", "13.0", "580.65.06", "a"), variant("cu129", "12.9", "575.51.03", "b")}}
+}
+
+// Staged is what a provisioner over memrt needs of the host: a lock and a
+// probe directory of a test's own, and probe programs that are there (a
+// provision checks they are before it pulls; memrt never runs them).
+func Staged(t testing.TB) []provision.Option {
+	t.Helper()
+	dir := t.TempDir()
+	bin := func(name string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	return []provision.Option{provision.WithLockDir(filepath.Join(dir, "locks")), provision.WithProbeDir(filepath.Join(dir, "probe")),
+		provision.WithCUDAProbe(bin("gpupin-cuda-probe")), provision.WithSimProbe(bin("gpupin-sim-probe"))}
 }
