@@ -527,33 +527,28 @@ func TestAPILoadWhileFetching(t *testing.T) {
 // byte in and then goes on (unpack, probe) until the waiter's pull has
 // started: the waiter must be let go before the holder's pull ends.
 // Where the holder's mirror died meanwhile, no peer can get the bytes
-// from it: the waiter becomes the fetcher instead of being told fetched,
-// unless peers' mirrors serve no fresh pull anyway (containerd 1.x). Bytes
-// in are not yet stored: the mark waits for WithStored's yes.
+// from it: the waiter becomes the fetcher instead of being told fetched.
+// Bytes in are not yet stored: the mark waits for WithStored's yes.
 func TestReleasedWhenEveryByteIsIn(t *testing.T) {
 	c := kubetest.StartT(t, manifests, users()...)
 	for _, tc := range []struct {
 		name         string
 		mirrorDies   bool
-		freshServed  bool   // peers' mirrors serve fresh pulls (containerd 2.x)
 		unstored     int32  // WithStored says no this many times first
 		waiterNote   string // the waiter's last note starts with it
 		holderState  string // the lease once both are done
 		holderIsNode string
 	}{
-		{"mirror answers", false, true, 0, "pulling through the mirror: n1 fetched", fetchgate.StateFetched, "n1"},
+		{"mirror answers", false, 0, "pulling through the mirror: n1 fetched", fetchgate.StateFetched, "n1"},
 		// Bytes counted before their commit: marked once stored.
-		{"stored later", false, true, 3, "pulling through the mirror: n1 fetched", fetchgate.StateFetched, "n1"},
-		{"mirror died", true, true, 0, "fetching sha256:", fetchgate.StateFetched, "n2"},
-		// No handoff where a successor's pull would be served no better.
-		{"mirror died, fresh pulls not served", true, false, 0, "pulling through the mirror: n1 fetched", fetchgate.StateFetched, "n1"},
+		{"stored later", false, 3, "pulling through the mirror: n1 fetched", fetchgate.StateFetched, "n1"},
+		{"mirror died", true, 0, "fetching sha256:", fetchgate.StateFetched, "n2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dg, ref := digestFor(t)
 			own := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
 			defer own.Close()
 			ownMirror := fetchgate.WithMirrors(func(context.Context, string) ([]string, error) { return []string{own.URL}, nil })
-			fresh := fetchgate.WithFreshPullsServed(func(context.Context) bool { return tc.freshServed })
 			var storedAsked atomic.Int32
 			stored := fetchgate.WithStored(func(context.Context, string) bool { return storedAsked.Add(1) > tc.unstored })
 			waiting := make(chan struct{})
@@ -562,7 +557,7 @@ func TestReleasedWhenEveryByteIsIn(t *testing.T) {
 			holding := make(chan struct{})
 			holderDone := make(chan error, 1)
 			go func() {
-				holderDone <- gate(t, c, "n1", ownMirror, fresh, stored, fetchgate.WithLeaseDuration(3*time.Second)).Fetch(context.Background(), ref, nil,
+				holderDone <- gate(t, c, "n1", ownMirror, stored, fetchgate.WithLeaseDuration(3*time.Second)).Fetch(context.Background(), ref, nil,
 					func(ctx context.Context, p func(int64, int64)) error {
 						close(holding)
 						select {

@@ -67,7 +67,6 @@ type config struct {
 	mirrors       func(ctx context.Context, ref string) ([]string, error)
 	mirrorTimeout time.Duration
 	local         func(ctx context.Context, ref string) bool
-	freshServed   func(ctx context.Context) bool
 	stored        func(ctx context.Context, ref string) bool
 	logger        *slog.Logger
 }
@@ -178,16 +177,6 @@ func WithLocal(fn func(ctx context.Context, ref string) bool) Option {
 // bytes are counted before its commit; without it, at once.
 func WithStored(fn func(ctx context.Context, ref string) bool) Option {
 	return func(c *config) error { c.stored = fn; return nil }
-}
-
-// WithFreshPullsServed says whether peers' mirrors serve a blob pulled
-// after they started (Spegel v0.7: on containerd 2.x, through its
-// content-create event; not on 1.x). Where not, a holder whose own mirror
-// died hands nothing to a successor (whose pull no peer would be served
-// either): it marks the lease fetched, and the waiters go upstream at
-// once, as without the handoff. Without this option they are served.
-func WithFreshPullsServed(fn func(ctx context.Context) bool) Option {
-	return func(c *config) error { c.freshServed = fn; return nil }
 }
 
 // WithLogger sets the logger; default slog.Default().

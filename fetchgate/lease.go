@@ -347,9 +347,6 @@ type holding struct {
 // mirror of this node answers (it died during the pull), so that a waiter
 // fetches instead of every waiter missing its mirror and going upstream.
 func (h *holding) served(ctx context.Context) string {
-	if fresh := h.g.cfg.freshServed; fresh != nil && !fresh(ctx) {
-		return StateFetched
-	}
 	if reason := h.g.noMirror(ctx, h.ref); reason != "" {
 		h.g.cfg.logger.Warn("every byte in, but no peer can get it from this node; another node fetches", "ref", h.ref, "reason", reason)
 		return StateUnserved

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -62,11 +61,7 @@ func newFetchGate(c *cli.Context, cfg *rest.Config, name string, s *session) (pr
 				_, err := rt.Client().ImageService().Get(namespaces.WithNamespace(ctx, rt.Namespace()), ref)
 				return err == nil
 			}),
-			fetchgate.WithStored(provision.ImageStored(rt)),
-			fetchgate.WithFreshPullsServed(func(ctx context.Context) bool {
-				v, err := rt.Client().Version(ctx)
-				return err != nil || freshPullsServed(v.Version)
-			}))
+			fetchgate.WithStored(provision.ImageStored(rt)))
 	}
 	g, err := fetchgate.New(cs.CoordinationV1(), fetchNamespace(c), name, opts...)
 	if err != nil {
@@ -88,14 +83,4 @@ func fetchNamespace(c *cli.Context) string {
 		return strings.TrimSpace(string(b))
 	}
 	return "gpupin-system"
-}
-
-// freshPullsServed says whether Spegel (v0.7) serves peers what a
-// containerd of this version pulled after Spegel started: only 2.x emits
-// the content-create event it advertises from. An unreadable version
-// counts as served, the gate's default.
-func freshPullsServed(version string) bool {
-	major, _, _ := strings.Cut(strings.TrimPrefix(version, "v"), ".")
-	n, err := strconv.Atoi(major)
-	return err != nil || n >= 2
 }

@@ -95,7 +95,7 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 		client.WithPullLabels(labels),
 		client.WithImageHandler(images.HandlerFunc(tracker.observe)),
 		client.WithMaxConcurrentDownloads(4),
-	}, r.unpackOpts(strategy, r.newUnpacker(strategy, sr, staging, ref, tracker, r.storeLayers(ctx, strategy, ref)))...)
+	}, r.unpackOpts(strategy, r.newUnpacker(ctx, strategy, sr, staging, ref, tracker, r.storeLayers(ctx, strategy, ref)))...)
 	img, err := r.conn.Client.Pull(ctx, staging, pullOpts...)
 	stop(err == nil)
 	if err != nil && sr.refused != nil {

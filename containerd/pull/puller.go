@@ -4,7 +4,7 @@
 //
 // Start with Puller.Pull (pull.go); unpack.go says how layers are unpacked
 // and why, and each step has its file: the download (stream.go, direct.go,
-// source.go), the extraction (decompress.go, extract.go, parents.go,
+// source.go, announce.go), the extraction (decompress.go, extract.go, parents.go,
 // rehome.go), keeping what a failed pull fetched (partial.go), fetching
 // ahead (prefetch.go), and syncing the files to disk (durable.go).
 package pull

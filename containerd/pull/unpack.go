@@ -204,9 +204,9 @@ type unpacker struct {
 	zstd *semaphore.Weighted
 }
 
-func (r *Puller) newUnpacker(s unpackStrategy, res remotes.Resolver, name, ref string, t *tracker, keep bool) *unpacker {
+func (r *Puller) newUnpacker(ctx context.Context, s unpackStrategy, res remotes.Resolver, name, ref string, t *tracker, keep bool) *unpacker {
 	c := r.conn.Client
-	return &unpacker{r: r, content: c.ContentStore(), snapshots: c.SnapshotService(r.conn.Snapshotter),
+	return &unpacker{r: r, content: r.store(ctx), snapshots: c.SnapshotService(r.conn.Snapshotter),
 		snapshotter: r.conn.Snapshotter, leases: c.LeasesService(), diff: c.DiffService(),
 		strategy: s, resolver: res, name: name, source: newSource(ref), tracker: t, keep: keep, zstd: semaphore.NewWeighted(zstdWindowBudget)}
 }

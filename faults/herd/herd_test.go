@@ -98,16 +98,10 @@ func TestHerdSimulatedOneFetch(t *testing.T) {
 	res := h.ProvisionAll(provision.Want{Ref: ref}, nil)
 	images := check(t, h, res, size, "")
 	samePin(t, res)
-	// containerd 1.x publishes no /content/create event (2.0 added it), and
-	// Spegel v0.7.4 advertises a blob pulled after its start only on that
-	// event: on 1.x every waiter misses its mirror and goes upstream (seen
-	// on 1.7.35: 4.00 images). The gate still orders the pulls and every
-	// node pins; the saving needs containerd 2.
-	limit := 1.25
-	if h.Nodes[0].Daemon.Major < 2 {
-		limit = float64(nodes) + 0.25
-	}
-	if images > limit {
+	// On every release: below 2.1, where the daemon publishes no
+	// /content/create, gpupin publishes it for the blobs it commits
+	// (pull.announcing), which is what Spegel advertises fresh blobs on.
+	if limit := 1.25; images > limit {
 		t.Errorf("upstream served %.2f images for %d nodes on containerd %s, want at most %.2f", images, nodes, h.Nodes[0].Daemon.Version, limit)
 	}
 }
@@ -158,14 +152,8 @@ func TestHerdSimulatedFetcherKilled(t *testing.T) {
 	t.Logf("killed %s mid-pull", dead)
 	h.Upstream.SetRate(0)
 	images := check(t, h, res, size, dead)
-	// The dead node's part and about one more; on containerd 1.x, where
-	// Spegel serves nothing pulled after its start (TestHerdSimulatedOneFetch),
-	// the dead node's part and one per live node.
-	limit := 2.25
-	if h.Nodes[0].Daemon.Major < 2 {
-		limit = float64(nodes) + 0.25
-	}
-	if images > limit {
+	// The dead node's part and about one more.
+	if limit := 2.25; images > limit {
 		t.Errorf("upstream served %.2f images on containerd %s, want at most %.2f: the dead node's part and about one more", images, h.Nodes[0].Daemon.Version, limit)
 	}
 	// The node comes back (its Spegel too) and provisions again.
@@ -184,10 +172,8 @@ func TestHerdSimulatedFetcherKilled(t *testing.T) {
 // others wait for it. The fetch goes on; with every byte in, the fetcher
 // finds its mirror gone and marks its lease unserved, so one waiter
 // fetches in its place and the rest pull through their mirrors from it:
-// on containerd 2.x about two images, not one per node. On 1.x Spegel
-// serves no fresh pull (a successor's neither), so there is no handoff and
-// each waiter goes upstream at once: at worst one image per node. Every
-// node pins, none waits past the bound.
+// about two images, not one per node. Every node pins, none waits past
+// the bound.
 func TestHerdSimulatedMirrorKilled(t *testing.T) {
 	h, ref, size := start(t)
 	h.Upstream.SetRate(slowLink)
@@ -202,19 +188,8 @@ func TestHerdSimulatedMirrorKilled(t *testing.T) {
 	t.Logf("killed %s's spegel while it fetched", fetcher)
 	images := check(t, h, res, size, "")
 	samePin(t, res)
-	limit := 2.25 // the killed node's fetch and its successor's
-	if h.Nodes[0].Daemon.Major < 2 {
-		limit = float64(nodes) + 0.25 // Spegel serves no fresh pull on 1.x
-		// Nor would a successor's: no node waits for a second fetch.
-		for _, r := range res {
-			for _, n := range h.Node(r.Node).Notes() {
-				if strings.HasPrefix(n, "waiting for ") && !strings.HasPrefix(n, "waiting for "+fetcher+" ") {
-					t.Errorf("%s waited for a second fetch on containerd %s: %q", r.Node, h.Nodes[0].Daemon.Version, n)
-				}
-			}
-		}
-	}
-	if images > limit {
+	// The killed node's fetch and its successor's.
+	if limit := 2.25; images > limit {
 		t.Errorf("upstream served %.2f images on containerd %s, want at most %.2f", images, h.Nodes[0].Daemon.Version, limit)
 	}
 }
@@ -242,11 +217,7 @@ func TestHerdSimulatedBigLayerSlowLink(t *testing.T) {
 	if longest < 5*stall {
 		t.Errorf("the slowest node took %s: the link was not slow enough to outlast the progress deadline (%s) many times over", longest, stall)
 	}
-	limit := 1.25
-	if h.Nodes[0].Daemon.Major < 2 {
-		limit = float64(nodes) + 0.25 // Spegel serves no fresh pull on 1.x
-	}
-	if images > limit {
+	if limit := 1.25; images > limit {
 		t.Errorf("upstream served %.2f images on containerd %s, want at most %.2f: a lease was lost to a fetch that kept moving", images, h.Nodes[0].Daemon.Version, limit)
 	}
 }
@@ -280,5 +251,86 @@ func TestHerdSimulatedAPIServerRestarted(t *testing.T) {
 	// one image, as without the gate.
 	if limit := float64(nodes) + 0.25; images > limit {
 		t.Errorf("upstream served %.2f images on containerd %s, more than one per node (%.2f)", images, h.Nodes[0].Daemon.Version, limit)
+	}
+}
+
+// TestHerdSimulatedCanaryHangs: a new version on one GPU class, the canary
+// gate on every node (the agent's default). The node that becomes the
+// class's canary hangs as soon as it does: its containerd is frozen
+// (SIGSTOP), so each of its calls blocks, while its agent goes on renewing
+// the canary lease. The others wait on it no longer than the canary's max
+// wait, then try the candidates themselves, through the fetch gate; once
+// they are pinned the canary's daemon goes on, and it pins too. No node
+// waits past its bound, every node pins the same digest.
+func TestHerdSimulatedCanaryHangs(t *testing.T) {
+	const canaryWait = 6 * time.Second
+	h, ref, size := startWith(t, herd.Options{CanaryMaxWait: canaryWait}, layers, layerSize)
+	frozen := make(chan string, 1)
+	go func() {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			name, err := h.Canary(context.Background())
+			if err != nil {
+				t.Logf("canary: %v", err)
+			}
+			if name != "" {
+				if err := h.Node(name).Daemon.Freeze(); err != nil {
+					t.Errorf("freeze %s's containerd: %v", name, err)
+				}
+				frozen <- name
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Errorf("no node became the canary within 30s")
+		frozen <- ""
+	}()
+	res := make([]herd.Result, nodes)
+	done := make(chan herd.Result, nodes)
+	for _, n := range h.Nodes {
+		go func() {
+			t0 := time.Now()
+			st := n.Prov.Provision(context.Background(), provision.Want{Ref: ref})
+			done <- herd.Result{Node: n.Name, Status: st, Start: t0, Duration: time.Since(t0)}
+		}()
+	}
+	canary := <-frozen
+	if canary == "" {
+		t.FailNow()
+	}
+	t.Logf("%s became the canary: its containerd is frozen", canary)
+	// The others first; then the canary's daemon goes on.
+	for range nodes - 1 {
+		r := <-done
+		if r.Node == canary {
+			t.Fatalf("the frozen canary %s finished first: %s (%s)", canary, r.Status.State, r.Status.Detail)
+		}
+		res[h.Node(r.Node).Index] = r
+	}
+	if err := h.Node(canary).Daemon.Thaw(); err != nil {
+		t.Fatalf("thaw %s's containerd: %v", canary, err)
+	}
+	r := <-done
+	res[h.Node(r.Node).Index] = r
+	images := check(t, h, res, size, "")
+	samePin(t, res)
+	for _, r := range res {
+		if r.Node == canary {
+			continue
+		}
+		notes := strings.Join(h.Node(r.Node).Notes(), "; ")
+		if !strings.Contains(notes, "waiting on canary "+canary) || !strings.Contains(notes, "no canary verdict: no verdict from canary "+canary+" within "+canaryWait.String()) {
+			t.Errorf("%s: notes %q, want it to have waited on canary %s and given up after %s", r.Node, notes, canary, canaryWait)
+		}
+		// It waited the canary's bound, and not much past it: then its own
+		// provision.
+		if r.Duration < canaryWait || r.Duration > canaryWait+bound {
+			t.Errorf("%s took %s: want at least the canary's max wait %s, and within it and a provision (%s)", r.Node, r.Duration, canaryWait, bound)
+		}
+	}
+	// One fetch for the class; a canary that took the fetch lease before it
+	// froze leaves a part that its successor fetches again.
+	if limit := 2.25; images > limit {
+		t.Errorf("upstream served %.2f images on containerd %s, want at most %.2f", images, h.Nodes[0].Daemon.Version, limit)
 	}
 }

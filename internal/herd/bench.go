@@ -130,9 +130,7 @@ func (h *Herd) countedGate(n *Node, c *APICount) (*fetchgate.Gate, error) {
 		fetchgate.WithMaxWait(h.opts.MaxWait),
 		fetchgate.WithMirrors(mirrorsOf(rt)),
 		fetchgate.WithLocal(localOf(rt)),
-		fetchgate.WithStored(provision.ImageStored(rt)),
-		// Spegel v0.7.4 serves fresh pulls on containerd 2.x only.
-		fetchgate.WithFreshPullsServed(func(context.Context) bool { return n.Daemon.Major >= 2 }))
+		fetchgate.WithStored(provision.ImageStored(rt)))
 }
 
 // mirrorsOf and localOf are h.gate's: the mirrors of the node's hosts

@@ -13,8 +13,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpupin/gpupin/canary"
 	"github.com/gpupin/gpupin/containerd"
 	"github.com/gpupin/gpupin/fetchgate"
 	"github.com/gpupin/gpupin/internal/kubetest"
@@ -40,6 +42,11 @@ type Options struct {
 	// StallTimeout is each node's progress deadline (registry.Config;
 	// default 60 s): a body that moves too little within it is cut.
 	StallTimeout time.Duration
+	// CanaryMaxWait, when not 0, gives every node a canary gate (as the
+	// agent's default --canary does) with this max wait and the lease's
+	// duration. No agent writes GPUPinNode statuses here, so a canary
+	// hands on no verdict: it releases its lease after a second.
+	CanaryMaxWait time.Duration
 }
 
 // Herd is the simulated fleet.
@@ -65,8 +72,8 @@ type Node struct {
 	notes []string
 }
 
-// Notes are the gate's lines for this node so far (why it waited, who
-// fetched, why it went upstream).
+// Notes are the gates' lines for this node so far (why it waited, who
+// fetched, why it went upstream; its canary's, with CanaryMaxWait).
 func (n *Node) Notes() []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -81,11 +88,41 @@ type noting struct {
 
 func (w noting) Fetch(ctx context.Context, ref string, note func(string), pull func(context.Context, func(int64, int64)) error) error {
 	return w.g.Fetch(ctx, ref, func(s string) {
-		w.n.mu.Lock()
-		w.n.notes = append(w.n.notes, s)
-		w.n.mu.Unlock()
+		w.n.note(s)
 		note(s)
 	}, pull)
+}
+
+// notingCanary records what the node's canary gate said: whom it waited
+// on ("waiting on canary N"), and the verdict ("canary verdict from N",
+// "no canary verdict: why", "canary").
+type notingCanary struct {
+	c provision.Canary
+	n *Node
+}
+
+func (w notingCanary) Await(ctx context.Context, class, key string, note func(string)) (provision.CanaryVerdict, func(), error) {
+	v, done, err := w.c.Await(ctx, class, key, func(canary string) {
+		w.n.note("waiting on canary " + canary)
+		note(canary)
+	})
+	switch {
+	case err != nil:
+		w.n.note("canary not asked: " + err.Error())
+	case done != nil:
+		w.n.note("canary")
+	case v.Node == "":
+		w.n.note("no canary verdict: " + v.Reason)
+	default:
+		w.n.note("canary verdict from " + v.Node)
+	}
+	return v, done, err
+}
+
+func (n *Node) note(s string) {
+	n.mu.Lock()
+	n.notes = append(n.notes, s)
+	n.mu.Unlock()
 }
 
 // Start builds the herd: the upstream, the API server (with the gate),
@@ -208,6 +245,13 @@ func (h *Herd) startNode(t testing.TB, i int) (*Node, error) {
 		}
 		n.Gate = g
 		popts = append(popts, provision.WithFetchGate(noting{g, n}))
+		if h.opts.CanaryMaxWait > 0 {
+			c, err := h.canary(n)
+			if err != nil {
+				return nil, err
+			}
+			popts = append(popts, provision.WithCanary(notingCanary{c, n}))
+		}
 	}
 	for _, dir := range []string{"lock", "probe"} {
 		os.MkdirAll(filepath.Join(d.Dir, dir), 0o755)
@@ -223,6 +267,43 @@ func (h *Herd) startNode(t testing.TB, i int) (*Node, error) {
 // gate is the node's fetch gate wired as cmd/gpupin/fetchgate.go wires the
 // agent's (countedGate, counting nothing).
 func (h *Herd) gate(n *Node) (*fetchgate.Gate, error) { return h.countedGate(n, nil) }
+
+// canary is the node's canary gate wired as cmd/gpupin/canary.go wires the
+// agent's: its leases beside the fetch leases, verdicts read from the
+// GPUPinNodes (none here: a canary's lease is released after a second).
+func (h *Herd) canary(n *Node) (*canary.Gate, error) {
+	cfg := h.Cluster.Config("gpupin:agent:" + n.Name)
+	cfg.Timeout = 5 * time.Second
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("canary lease client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("canary verdict client: %w", err)
+	}
+	return canary.New(cs.CoordinationV1(), dyn, LeaseNamespace, n.Name,
+		canary.WithLeaseDuration(h.opts.LeaseDuration), canary.WithMaxWait(h.opts.CanaryMaxWait),
+		canary.WithStatusWait(time.Second))
+}
+
+// Canary is the node that holds a canary lease now ("" when none does).
+func (h *Herd) Canary(ctx context.Context) (string, error) {
+	cs, err := kubernetes.NewForConfig(h.Cluster.Admin())
+	if err != nil {
+		return "", fmt.Errorf("admin client: %w", err)
+	}
+	ls, err := cs.CoordinationV1().Leases(LeaseNamespace).List(ctx, metav1.ListOptions{LabelSelector: canary.LabelCanary})
+	if err != nil {
+		return "", fmt.Errorf("list canary leases: %w", err)
+	}
+	for _, l := range ls.Items {
+		if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+			return *l.Spec.HolderIdentity, nil
+		}
+	}
+	return "", nil
+}
 
 // Result is one node's provision.
 type Result struct {

@@ -416,6 +416,26 @@ func (c *Containerd) kill() {
 	os.Remove(c.Address)
 }
 
+// Freeze stops the daemon with SIGSTOP, as a daemon that hangs: its
+// socket stays, calls to it block. Thaw lets it go on.
+func (c *Containerd) Freeze() error { return c.signal(syscall.SIGSTOP) }
+
+// Thaw continues a frozen daemon (SIGCONT).
+func (c *Containerd) Thaw() error { return c.signal(syscall.SIGCONT) }
+
+func (c *Containerd) signal(sig syscall.Signal) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd == nil || c.cmd.Process == nil {
+		return fmt.Errorf("containerd in %s is not running", c.Dir)
+	}
+	if len(c.wrap) > 0 {
+		// The process is the wrapper's, not the daemon's.
+		return fmt.Errorf("containerd in %s runs under %v: signal %v would reach the wrapper", c.Dir, c.wrap, sig)
+	}
+	return c.cmd.Process.Signal(sig)
+}
+
 // Stop kills the daemon and the shims and containers it started, unmounts
 // what it mounted, and removes its directory.
 func (c *Containerd) Stop() {
