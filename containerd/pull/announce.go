@@ -73,10 +73,7 @@ type announcingWriter struct {
 }
 
 func (w *announcingWriter) Commit(ctx context.Context, size int64, expected digest.Digest, opts ...content.Opt) error {
-	// AlreadyExists stored nothing, and containerd announces nothing for it.
-	if err := w.Writer.Commit(ctx, size, expected, opts...); err != nil {
-		return err
-	}
+	// Read before the commit: the daemon's writer is closed by it.
 	dgst := expected
 	if dgst == "" {
 		dgst = w.Writer.Digest()
@@ -85,6 +82,10 @@ func (w *announcingWriter) Commit(ctx context.Context, size int64, expected dige
 		if st, err := w.Writer.Status(); err == nil {
 			size = st.Offset
 		}
+	}
+	// AlreadyExists stored nothing, and containerd announces nothing for it.
+	if err := w.Writer.Commit(ctx, size, expected, opts...); err != nil {
+		return err
 	}
 	// The blob is stored: a lost event costs peers this blob from the
 	// mirror, not the pull.

@@ -62,6 +62,7 @@ func TestBlobsCarryTheirSourceWhenCreated(t *testing.T) {
 			var mu sync.Mutex
 			seen := map[digest.Digest]string{}
 			count := map[digest.Digest]int{}
+			sizes := map[digest.Digest]int64{}
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
@@ -80,6 +81,7 @@ func TestBlobsCarryTheirSourceWhenCreated(t *testing.T) {
 						info, err := rt.Client().ContentStore().Info(nsctx, digest.Digest(cc.Digest))
 						mu.Lock()
 						count[digest.Digest(cc.Digest)]++
+						sizes[digest.Digest(cc.Digest)] = cc.Size
 						if err != nil {
 							seen[digest.Digest(cc.Digest)] = "info: " + err.Error()
 						} else {
@@ -150,7 +152,9 @@ func TestBlobsCarryTheirSourceWhenCreated(t *testing.T) {
 					t.Errorf("%s %s: %s=%q after a pull from the second repository, want engine/one,engine/two", b.MediaType, b.Digest, key, got)
 				}
 			}
-			time.Sleep(200 * time.Millisecond) // a late second event would be in
+			// A second event would come at a commit, and the second pull
+			// committed nothing: what has come by now is all there is.
+			time.Sleep(200 * time.Millisecond)
 			cancel()
 			<-done
 			for _, b := range blobs {
@@ -159,6 +163,9 @@ func TestBlobsCarryTheirSourceWhenCreated(t *testing.T) {
 				}
 				if n := count[b.Digest]; n != 1 {
 					t.Errorf("%s %s: %d create events for two pulls, want 1", b.MediaType, b.Digest, n)
+				}
+				if got := sizes[b.Digest]; got != b.Size {
+					t.Errorf("%s %s: its create event says %d bytes, want %d", b.MediaType, b.Digest, got, b.Size)
 				}
 			}
 		})

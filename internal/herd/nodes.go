@@ -47,6 +47,10 @@ type Options struct {
 	// duration. No agent writes GPUPinNode statuses here, so a canary
 	// hands on no verdict: it releases its lease after a second.
 	CanaryMaxWait time.Duration
+	// OnCanary is called when a node becomes its class's canary, before
+	// its provision goes on: where a test's fault strikes, with no race
+	// against the canary's own progress.
+	OnCanary func(n *Node)
 }
 
 // Herd is the simulated fleet.
@@ -93,12 +97,14 @@ func (w noting) Fetch(ctx context.Context, ref string, note func(string), pull f
 	}, pull)
 }
 
-// notingCanary records what the node's canary gate said: whom it waited
-// on ("waiting on canary N"), and the verdict ("canary verdict from N",
-// "no canary verdict: why", "canary").
+// notingCanary records what the node's canary gate said, for the tests'
+// checks: whom it waited on ("waiting on canary N"), and how the wait
+// ended ("canary verdict from N", "no canary verdict: why", "canary",
+// "canary not asked: why").
 type notingCanary struct {
-	c provision.Canary
-	n *Node
+	c      provision.Canary
+	n      *Node
+	onLead func(*Node)
 }
 
 func (w notingCanary) Await(ctx context.Context, class, key string, note func(string)) (provision.CanaryVerdict, func(), error) {
@@ -111,6 +117,9 @@ func (w notingCanary) Await(ctx context.Context, class, key string, note func(st
 		w.n.note("canary not asked: " + err.Error())
 	case done != nil:
 		w.n.note("canary")
+		if w.onLead != nil {
+			w.onLead(w.n)
+		}
 	case v.Node == "":
 		w.n.note("no canary verdict: " + v.Reason)
 	default:
@@ -250,7 +259,7 @@ func (h *Herd) startNode(t testing.TB, i int) (*Node, error) {
 			if err != nil {
 				return nil, err
 			}
-			popts = append(popts, provision.WithCanary(notingCanary{c, n}))
+			popts = append(popts, provision.WithCanary(notingCanary{c, n, h.opts.OnCanary}))
 		}
 	}
 	for _, dir := range []string{"lock", "probe"} {
@@ -285,24 +294,6 @@ func (h *Herd) canary(n *Node) (*canary.Gate, error) {
 	return canary.New(cs.CoordinationV1(), dyn, LeaseNamespace, n.Name,
 		canary.WithLeaseDuration(h.opts.LeaseDuration), canary.WithMaxWait(h.opts.CanaryMaxWait),
 		canary.WithStatusWait(time.Second))
-}
-
-// Canary is the node that holds a canary lease now ("" when none does).
-func (h *Herd) Canary(ctx context.Context) (string, error) {
-	cs, err := kubernetes.NewForConfig(h.Cluster.Admin())
-	if err != nil {
-		return "", fmt.Errorf("admin client: %w", err)
-	}
-	ls, err := cs.CoordinationV1().Leases(LeaseNamespace).List(ctx, metav1.ListOptions{LabelSelector: canary.LabelCanary})
-	if err != nil {
-		return "", fmt.Errorf("list canary leases: %w", err)
-	}
-	for _, l := range ls.Items {
-		if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
-			return *l.Spec.HolderIdentity, nil
-		}
-	}
-	return "", nil
 }
 
 // Result is one node's provision.

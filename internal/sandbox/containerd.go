@@ -420,7 +420,8 @@ func (c *Containerd) kill() {
 // socket stays, calls to it block. Thaw lets it go on.
 func (c *Containerd) Freeze() error { return c.signal(syscall.SIGSTOP) }
 
-// Thaw continues a frozen daemon (SIGCONT).
+// Thaw lets a frozen daemon go on (SIGCONT); on a running one it does
+// nothing, so a test's cleanup may call it either way.
 func (c *Containerd) Thaw() error { return c.signal(syscall.SIGCONT) }
 
 func (c *Containerd) signal(sig syscall.Signal) error {
