@@ -74,8 +74,14 @@ func gate(t *testing.T, c *kubetest.Cluster, node string, opts ...fetchgate.Opti
 
 // flow is a pull that moves step bytes every tick until total (or for
 // ever with total 0), or until stop closes.
+// Told to await, it awaits one layer before its first byte.
 func flow(step, total int64, tick time.Duration, stop <-chan struct{}) fetchgate.Pull {
-	return func(ctx context.Context, progress func(int64, int64)) error {
+	return func(ctx context.Context, progress func(int64, int64), await fetchgate.Await) error {
+		if await != nil {
+			if err := await(ctx, layerDigest(0)); err != nil {
+				return err
+			}
+		}
 		var done int64
 		for total == 0 || done < total {
 			select {
@@ -107,12 +113,28 @@ func (r *record) note(node string) func(string) {
 	return func(s string) { r.mu.Lock(); r.notes[node] = append(r.notes[node], s); r.mu.Unlock() }
 }
 
+// pull records when inner's bytes begin to move: at once, or when its
+// first await returns.
 func (r *record) pull(node string, inner fetchgate.Pull) fetchgate.Pull {
-	return func(ctx context.Context, p func(int64, int64)) error {
-		r.mu.Lock()
-		r.start[node] = time.Now()
-		r.mu.Unlock()
-		err := inner(ctx, p)
+	return func(ctx context.Context, p func(int64, int64), await fetchgate.Await) error {
+		begin := func() {
+			r.mu.Lock()
+			if _, ok := r.start[node]; !ok {
+				r.start[node] = time.Now()
+			}
+			r.mu.Unlock()
+		}
+		var err error
+		if await == nil {
+			begin()
+			err = inner(ctx, p, nil)
+		} else {
+			err = inner(ctx, p, func(ctx context.Context, dg string) error {
+				err := await(ctx, dg)
+				begin()
+				return err
+			})
+		}
 		r.mu.Lock()
 		r.end[node] = time.Now()
 		r.mu.Unlock()
@@ -193,7 +215,7 @@ func TestStalledHolderLosesLease(t *testing.T) {
 	holderDone := make(chan error, 1)
 	go func() {
 		holderDone <- gate(t, c, "n1", fetchgate.WithLeaseDuration(d)).Fetch(context.Background(), ref, nil,
-			func(ctx context.Context, p func(int64, int64)) error {
+			func(ctx context.Context, p func(int64, int64), _ fetchgate.Await) error {
 				p(8<<20, 100<<20) // some bytes, then nothing
 				close(stalled)
 				<-release
@@ -255,11 +277,19 @@ func helperHolder(kc, ref string) error {
 	if err != nil {
 		return err
 	}
-	g, err := fetchgate.New(cs.CoordinationV1(), ns, "n1", fetchgate.WithLeaseDuration(3*time.Second))
+	pull, opts := flow(2<<20, 0, 100*time.Millisecond, nil), []fetchgate.Option{fetchgate.WithLeaseDuration(3 * time.Second)}
+	if k, err := strconv.Atoi(os.Getenv("FETCHGATE_HELPER_LAYERS")); err == nil {
+		// TestFollowerTakesOverMidPull's: k layers stored and listed, then
+		// the rest never comes.
+		st := newStore(helperLayers)
+		pull = layered(helperLayers, 1<<20, 100*time.Millisecond, st, k)
+		opts = append(opts, st.option())
+	}
+	g, err := fetchgate.New(cs.CoordinationV1(), ns, "n1", opts...)
 	if err != nil {
 		return err
 	}
-	return g.Fetch(context.Background(), ref, func(s string) { fmt.Println("NOTE", s) }, flow(2<<20, 0, 100*time.Millisecond, nil))
+	return g.Fetch(context.Background(), ref, func(s string) { fmt.Println("NOTE", s) }, pull)
 }
 
 // TestHolderKilledMidFetch: the fetching node's process is killed (no
@@ -315,7 +345,7 @@ func TestHolderKilledMidFetch(t *testing.T) {
 	if bound := 3*time.Second + time.Second + 2*time.Second; took > bound {
 		t.Errorf("n2 took over %s after the kill, bound %s", took, bound)
 	}
-	if n := rec.notes["n2"]; len(n) < 2 || !strings.HasPrefix(n[0], "waiting for n1 to fetch") || !strings.Contains(n[len(n)-1], "from upstream for the fleet") {
+	if n := rec.notes["n2"]; len(n) < 2 || !strings.HasPrefix(n[0], "pulling through the mirror: as n1 fetches") || !strings.Contains(n[len(n)-1], "from upstream for the fleet") {
 		t.Errorf("n2 notes %q", n)
 	}
 	t.Logf("took over %s after the kill (lease 3s)", took.Round(time.Millisecond))
@@ -542,7 +572,7 @@ func TestReleasedWhenEveryByteIsIn(t *testing.T) {
 		{"mirror answers", false, 0, "pulling through the mirror: n1 fetched", fetchgate.StateFetched, "n1"},
 		// Bytes counted before their commit: marked once stored.
 		{"stored later", false, 3, "pulling through the mirror: n1 fetched", fetchgate.StateFetched, "n1"},
-		{"mirror died", true, 0, "fetching sha256:", fetchgate.StateFetched, "n2"},
+		{"mirror died", true, 0, "fetching the rest of sha256:", fetchgate.StateFetched, "n2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dg, ref := digestFor(t)
@@ -550,7 +580,7 @@ func TestReleasedWhenEveryByteIsIn(t *testing.T) {
 			defer own.Close()
 			ownMirror := fetchgate.WithMirrors(func(context.Context, string) ([]string, error) { return []string{own.URL}, nil })
 			var storedAsked atomic.Int32
-			stored := fetchgate.WithStored(func(context.Context, string) bool { return storedAsked.Add(1) > tc.unstored })
+			stored := fetchgate.WithStored(func(context.Context, string) ([]string, bool) { return nil, storedAsked.Add(1) > tc.unstored })
 			waiting := make(chan struct{})
 			var waitingOnce sync.Once
 			waiterPulled := make(chan struct{})
@@ -558,7 +588,7 @@ func TestReleasedWhenEveryByteIsIn(t *testing.T) {
 			holderDone := make(chan error, 1)
 			go func() {
 				holderDone <- gate(t, c, "n1", ownMirror, stored, fetchgate.WithLeaseDuration(3*time.Second)).Fetch(context.Background(), ref, nil,
-					func(ctx context.Context, p func(int64, int64)) error {
+					func(ctx context.Context, p func(int64, int64), _ fetchgate.Await) error {
 						close(holding)
 						select {
 						case <-waiting:
@@ -591,11 +621,14 @@ func TestReleasedWhenEveryByteIsIn(t *testing.T) {
 			err := gate(t, c, "n2", fetchgate.WithLeaseDuration(3*time.Second)).Fetch(context.Background(), ref,
 				func(s string) {
 					note(s)
-					if strings.HasPrefix(s, "waiting for n1") {
+					if strings.HasPrefix(s, "pulling through the mirror: as n1") {
 						waitingOnce.Do(func() { close(waiting) })
 					}
 				},
-				func(ctx context.Context, p func(int64, int64)) error {
+				func(ctx context.Context, p func(int64, int64), await fetchgate.Await) error {
+					if err := await(ctx, layerDigest(0)); err != nil {
+						return err
+					}
 					if n := storedAsked.Load(); n <= tc.unstored {
 						t.Errorf("released after %d checks of the store, before it said stored", n)
 					}

@@ -5,11 +5,13 @@
 // A node asks the gate before it pulls a digest (Gate.Fetch). The gate
 // takes a coordination.k8s.io/v1 Lease named after the digest (one of
 // Concurrency slots); the node that holds one pulls at once, renewing the
-// lease only while its pull moves bytes, and marks it fetched as soon as
-// every layer byte is in its content store (its mirror serves them from
-// there; unpack and probe go on meanwhile), or unserved where its mirror no
-// longer answers, and the next node fetches. The others watch the leases
-// and pull once one says fetched. Each
+// lease only while its pull moves bytes, lists in it each layer as the
+// layer lands in its content store (its mirror serves it from there), and
+// marks it fetched once every layer has (unpack and probe go on
+// meanwhile), or unserved where its mirror no longer answers, and the
+// next node fetches. The others pull at once too, but fetch each layer
+// only once the holder lists it, so their pulls run a layer behind the
+// holder's; a holder that goes is replaced by one of them, mid-pull. Each
 // wait is bounded: a holder that dies or stalls stops renewing and loses
 // its lease within LeaseDuration; an API server that cannot be reached for
 // OutageBound, a mirror that is absent or does not answer, or MaxWait
@@ -28,6 +30,8 @@ import (
 	"time"
 
 	typedcoord "k8s.io/client-go/kubernetes/typed/coordination/v1"
+
+	"github.com/gpupin/gpupin/internal/kubelease"
 )
 
 // Defaults: a lease lives 30 s without progress, so a dead or stalled
@@ -49,8 +53,14 @@ const (
 )
 
 // Pull is the pull the gate orders: it reports the layer bytes fetched so
-// far (done of total known) as they move.
-type Pull = func(ctx context.Context, progress func(done, total int64)) error
+// far (done of total known) as they move and, where await is not nil,
+// calls it before it fetches each layer blob.
+type Pull = func(ctx context.Context, progress func(done, total int64), await Await) error
+
+// Await returns once the layer blob of digest dg may be fetched: a peer
+// holds it (the node's mirror serves it), or this node is to fetch it from
+// upstream. Its error is ctx's.
+type Await = func(ctx context.Context, dg string) error
 
 // Option configures a Gate.
 type Option func(*config) error
@@ -67,7 +77,7 @@ type config struct {
 	mirrors       func(ctx context.Context, ref string) ([]string, error)
 	mirrorTimeout time.Duration
 	local         func(ctx context.Context, ref string) bool
-	stored        func(ctx context.Context, ref string) bool
+	stored        func(ctx context.Context, ref string) (layers []string, all bool)
 	logger        *slog.Logger
 }
 
@@ -171,11 +181,14 @@ func WithLocal(fn func(ctx context.Context, ref string) bool) Option {
 	return func(c *config) error { c.local = fn; return nil }
 }
 
-// WithStored says whether every layer blob of ref is committed to the
-// node's content store. With it, a fetcher whose pull reports every byte
-// in marks its lease once this holds (checked every 100 ms), as a blob's
-// bytes are counted before its commit; without it, at once.
-func WithStored(fn func(ctx context.Context, ref string) bool) Option {
+// WithStored says which layer blobs of ref (digests) are committed to the
+// node's content store, and whether that is every one. With it, a fetcher
+// lists them in its lease as they land (checked every 200 ms), and marks
+// the lease fetched once every byte is in and every layer stored, as a
+// blob's bytes are counted before its commit; without it, no layer is
+// listed (waiters wait for the whole image) and the mark comes with the
+// last byte.
+func WithStored(fn func(ctx context.Context, ref string) (layers []string, all bool)) Option {
 	return func(c *config) error { c.stored = fn; return nil }
 }
 
@@ -242,15 +255,15 @@ func (g *Gate) Fetch(ctx context.Context, ref string, note func(string), pull Pu
 	}
 	dg, ok := digestOf(ref)
 	if !ok {
-		return pull(ctx, noProgress)
+		return pull(ctx, noProgress, nil)
 	}
 	if g.cfg.local != nil && g.cfg.local(ctx, ref) {
-		return pull(ctx, noProgress)
+		return pull(ctx, noProgress, nil)
 	}
 	if reason := g.noMirror(ctx, ref); reason != "" {
 		g.cfg.logger.Info("fetching from upstream without waiting for other nodes", "ref", ref, "reason", reason)
 		note("fetching from upstream: " + reason)
-		return pull(ctx, noProgress)
+		return pull(ctx, noProgress, nil)
 	}
 	g.sweep(ctx)
 	turn, err := g.wait(ctx, dg, ref, note)
@@ -261,13 +274,16 @@ func (g *Gate) Fetch(ctx context.Context, ref string, note func(string), pull Pu
 	case turn.held != nil:
 		note("fetching " + short(dg) + " from upstream for the fleet (lease " + g.namespace + "/" + turn.held.Name + ")")
 		return g.hold(ctx, ref, turn.held, pull)
+	case turn.follow != nil:
+		note("pulling through the mirror: as " + kubelease.Holder(turn.follow) + " fetches " + short(dg) + " from upstream, each layer once it has it")
+		return g.follow(ctx, dg, ref, turn.follow, note, pull)
 	case turn.fetchedBy != "":
 		note("pulling through the mirror: " + turn.fetchedBy + " fetched " + short(dg))
 	default:
 		g.cfg.logger.Warn("fetching from upstream after all", "ref", ref, "reason", turn.fallback)
 		note("fetching from upstream: " + turn.fallback)
 	}
-	return pull(ctx, noProgress)
+	return pull(ctx, noProgress, nil)
 }
 
 func noProgress(int64, int64) {}

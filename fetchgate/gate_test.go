@@ -138,7 +138,7 @@ func TestNoMirrorNoWait(t *testing.T) {
 			var notes []string
 			pulled := false
 			err = g.Fetch(context.Background(), "reg/org/vllm@"+testDigest, func(s string) { notes = append(notes, s) },
-				func(context.Context, func(int64, int64)) error { pulled = true; return nil })
+				func(context.Context, func(int64, int64), Await) error { pulled = true; return nil })
 			if err != nil || !pulled {
 				t.Fatalf("err %v, pulled %v", err, pulled)
 			}
@@ -162,7 +162,7 @@ func TestLocalOrUndigestedNoWait(t *testing.T) {
 	}
 	for _, ref := range []string{"reg/org/local@" + testDigest, "reg/org/vllm:0.11.0"} {
 		pulled := false
-		if err := g.Fetch(context.Background(), ref, nil, func(context.Context, func(int64, int64)) error { pulled = true; return nil }); err != nil || !pulled {
+		if err := g.Fetch(context.Background(), ref, nil, func(context.Context, func(int64, int64), Await) error { pulled = true; return nil }); err != nil || !pulled {
 			t.Errorf("%s: err %v, pulled %v", ref, err, pulled)
 		}
 	}

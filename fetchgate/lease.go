@@ -26,6 +26,11 @@ const (
 	AnnotRef      = "gpupin.io/ref"
 	AnnotState    = "gpupin.io/state"
 	AnnotProgress = "gpupin.io/progress"
+	// AnnotLayers lists the layer blobs the holder has committed so far,
+	// comma-separated digests, as they land: a waiter's pull fetches each
+	// through its mirror once it is listed. A lease without it (a holder
+	// from before layer-by-layer release) is waited on whole.
+	AnnotLayers = "gpupin.io/layers"
 
 	StateFetching = "fetching"
 	StateFetched  = "fetched"
@@ -54,6 +59,7 @@ func digestLabel(dg string) string {
 // the digest, or the node fetches from upstream after all (the reason).
 type turn struct {
 	held      *coordv1.Lease
+	follow    *coordv1.Lease // a live holder's that lists its layers
 	fetchedBy string
 	fallback  string
 }
@@ -67,10 +73,13 @@ type observed struct {
 
 // verdict is what the leases of a digest say now.
 type verdict struct {
-	fetchedBy string    // a slot says fetched, by this node
-	free      []int     // slots that can be taken
-	holders   []string  // who fetches meanwhile
+	fetchedBy string   // a slot says fetched, by this node
+	free      []int    // slots that can be taken
+	holders   []string // who fetches meanwhile
+	follow    *coordv1.Lease
 	recheck   time.Time // when a held lease would run out, unrenewed
+	// seenFree: a slot is free in a lease seen (not merely unlisted).
+	seenFree bool
 }
 
 // judge reads the slots' leases (nil: none) as seen at now, updating
@@ -112,6 +121,9 @@ func (g *Gate) judge(slots []*coordv1.Lease, seen map[string]observed, now time.
 			continue
 		}
 		v.holders = append(v.holders, holder)
+		if _, lists := l.Annotations[AnnotLayers]; lists && v.follow == nil {
+			v.follow = l
+		}
 		if until := o.at.Add(d); v.recheck.IsZero() || until.Before(v.recheck) {
 			v.recheck = until
 		}
@@ -196,6 +208,9 @@ func (g *Gate) wait(ctx context.Context, dg, ref string, note func(string)) (tur
 		if len(v.free) > 0 {
 			continue // another node took it first: read again
 		}
+		if v.follow != nil {
+			return turn{follow: v.follow}, nil
+		}
 		if line := "waiting for " + strings.Join(v.holders, ", ") + " to fetch " + short(dg) + " from upstream (at most until " +
 			deadline.Format(time.TimeOnly) + ")"; line != lastNote {
 			note(line)
@@ -205,16 +220,20 @@ func (g *Gate) wait(ctx context.Context, dg, ref string, note func(string)) (tur
 		if until.After(deadline) || until.IsZero() {
 			until = deadline
 		}
-		if err := g.watchUntil(ctx, dg, sel, list.ResourceVersion, seen, until); err != nil {
+		err = g.watchUntil(ctx, dg, sel, list.ResourceVersion, seen, until, func(_ *coordv1.Lease, v verdict) bool {
+			return v.fetchedBy != "" || v.seenFree || v.follow != nil
+		})
+		if err != nil {
 			return turn{}, err
 		}
 	}
 }
 
-// watchUntil follows the digest's leases from rv until one says fetched
-// or frees, until until, or until the watch ends; the caller then reads
-// them again. Its error is ctx's alone.
-func (g *Gate) watchUntil(ctx context.Context, dg, sel, rv string, seen map[string]observed, until time.Time) error {
+// watchUntil follows the digest's leases from rv, telling stop of each
+// lease that changes and what the leases say then, until stop says so, a
+// lease is deleted, until passes, or the watch ends; the caller then
+// reads them again. Its error is ctx's alone.
+func (g *Gate) watchUntil(ctx context.Context, dg, sel, rv string, seen map[string]observed, until time.Time, stop func(*coordv1.Lease, verdict) bool) error {
 	wctx, cancel := context.WithDeadline(ctx, until.Add(50*time.Millisecond))
 	defer cancel()
 	timeout := int64(max(1, time.Until(until).Seconds()+1))
@@ -250,13 +269,11 @@ func (g *Gate) watchUntil(ctx context.Context, dg, sel, rv string, seen map[stri
 				}
 			}
 			v := g.judge(slots, seen, time.Now())
-			if v.fetchedBy != "" {
-				return nil
-			}
 			for _, s := range v.free {
-				if slots[s] != nil { // a free slot seen, not merely unseen
-					return nil
-				}
+				v.seenFree = v.seenFree || slots[s] != nil
+			}
+			if stop(l, v) {
+				return nil
 			}
 		}
 	}
@@ -273,7 +290,7 @@ func (g *Gate) take(ctx context.Context, dg, ref string, slot int, old *coordv1.
 			ObjectMeta: metav1.ObjectMeta{
 				Name:        LeaseName(dg, slot),
 				Labels:      map[string]string{LabelDigest: digestLabel(dg), labelManaged: "gpupin"},
-				Annotations: map[string]string{AnnotRef: ref, AnnotState: StateFetching},
+				Annotations: map[string]string{AnnotRef: ref, AnnotState: StateFetching, AnnotLayers: ""},
 			},
 			Spec: coordv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now},
 		}
@@ -283,7 +300,7 @@ func (g *Gate) take(ctx context.Context, dg, ref string, slot int, old *coordv1.
 	if l.Annotations == nil {
 		l.Annotations = map[string]string{}
 	}
-	l.Annotations[AnnotRef], l.Annotations[AnnotState] = ref, StateFetching
+	l.Annotations[AnnotRef], l.Annotations[AnnotState], l.Annotations[AnnotLayers] = ref, StateFetching, ""
 	delete(l.Annotations, AnnotProgress)
 	transitions := int32(0)
 	if l.Spec.LeaseTransitions != nil {
@@ -297,29 +314,49 @@ func (g *Gate) take(ctx context.Context, dg, ref string, slot int, old *coordv1.
 	return g.leases.Update(ctx, l, metav1.UpdateOptions{})
 }
 
-// hold runs pull as the lease's holder: renewed while bytes move, marked
-// fetched as soon as every layer byte is in (the waiters' pulls then
+// hold runs pull as the lease's holder: renewed while bytes move, its
+// committed layers listed as they land (the waiters' pulls follow a layer
+// behind), marked fetched as soon as every layer is in (their pulls then
 // overlap this node's unpack and probe), released when the pull failed.
 func (g *Gate) hold(ctx context.Context, ref string, l *coordv1.Lease, pull Pull) error {
-	var done, total atomic.Int64
-	h := &holding{g: g, ref: ref, lease: l}
-	stop := make(chan struct{})
-	allIn := make(chan struct{})
-	var once sync.Once
-	renewed := make(chan struct{})
+	p := newPulling()
+	h := g.startHolding(ctx, ref, l, p)
+	err := pull(ctx, p.progress, nil)
+	h.end(ctx, err)
+	return err
+}
+
+// pulling is what a pull under the gate has reported.
+type pulling struct {
+	done, total atomic.Int64
+	allIn       chan struct{} // closed once every byte is in
+	once        sync.Once
+}
+
+func newPulling() *pulling { return &pulling{allIn: make(chan struct{})} }
+
+func (p *pulling) progress(d, t int64) {
+	p.done.Store(d)
+	p.total.Store(t)
+	if t > 0 && d >= t {
+		p.once.Do(func() { close(p.allIn) })
+	}
+}
+
+// startHolding keeps l for the pull p reports on, until end.
+func (g *Gate) startHolding(ctx context.Context, ref string, l *coordv1.Lease, p *pulling) *holding {
+	h := &holding{g: g, ref: ref, lease: l, p: p, stop: make(chan struct{}), renewed: make(chan struct{})}
 	go func() {
-		defer close(renewed)
-		h.renewWhileMoving(ctx, stop, allIn, &done, &total)
+		defer close(h.renewed)
+		h.renewWhileMoving(ctx)
 	}()
-	err := pull(ctx, func(d, t int64) {
-		done.Store(d)
-		total.Store(t)
-		if t > 0 && d >= t {
-			once.Do(func() { close(allIn) })
-		}
-	})
-	close(stop)
-	<-renewed
+	return h
+}
+
+// end stops renewing and writes how the pull ended (err).
+func (h *holding) end(ctx context.Context, err error) {
+	close(h.stop)
+	<-h.renewed
 	// Told whatever became of the caller: others wait on it.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -327,20 +364,23 @@ func (g *Gate) hold(ctx context.Context, ref string, l *coordv1.Lease, pull Pull
 	case err != nil:
 		// Even after an early mark: a node that comes later fetches
 		// again rather than trust a pull that failed.
-		h.finish(fctx, StateReleased, done.Load(), total.Load())
+		h.finish(fctx, StateReleased, h.p.done.Load(), h.p.total.Load())
 	case !h.marked && !h.lost:
 		// A lost lease is another's now: its mirror is not asked.
-		h.finish(fctx, h.served(fctx), done.Load(), total.Load())
+		h.finish(fctx, h.served(fctx), h.p.done.Load(), h.p.total.Load())
 	}
-	return err
 }
 
 type holding struct {
-	g      *Gate
-	ref    string
-	lease  *coordv1.Lease // as last written
-	lost   bool
-	marked bool // fetched or unserved already written
+	g       *Gate
+	ref     string
+	p       *pulling
+	stop    chan struct{}  // closed when the pull ended
+	renewed chan struct{}  // closed when renewWhileMoving returned
+	lease   *coordv1.Lease // as last written
+	lost    bool
+	marked  bool // fetched or unserved already written
+	listed  int  // layers listed in the lease
 }
 
 // served is the state every byte in earns: fetched, or unserved where no
@@ -357,47 +397,43 @@ func (h *holding) served(ctx context.Context) string {
 // renewWhileMoving renews the lease every renewEvery in which the pull
 // moved at least minProgress bytes, or, with every byte in, while it
 // unpacks within the grace. A pull that moves nothing lets it run out.
-// Once allIn closes and the blobs are stored (committed: progress counts
-// a blob's bytes before its commit, and Spegel advertises it only on the
-// commit's event) it marks the lease (served) and renews no more: the
-// waiters have gone to their mirrors.
-func (h *holding) renewWhileMoving(ctx context.Context, stop, allIn <-chan struct{}, done, total *atomic.Int64) {
+// Every listEvery it lists the layers newly committed (committed, not
+// counted: progress counts a blob's bytes before its commit, and Spegel
+// advertises it only on the commit's event). Once every layer is stored
+// it marks the lease (served) and renews no more: the waiters have what
+// they wait for.
+func (h *holding) renewWhileMoving(ctx context.Context) {
 	t := time.NewTicker(h.g.cfg.renewEvery)
 	defer t.Stop()
+	var list <-chan time.Time
+	if h.g.cfg.stored != nil {
+		l := time.NewTicker(listEvery)
+		defer l.Stop()
+		list = l.C
+	}
+	allIn := h.p.allIn
 	var last int64
 	var allInAt time.Time
-	var check <-chan time.Time // while every byte is in and not yet stored
-	// mark says whether the lease is marked (or lost) now.
-	mark := func() bool {
-		if h.lost {
-			return true
-		}
-		if stored := h.g.cfg.stored; stored != nil && !stored(ctx, h.ref) {
-			return false
-		}
-		h.finish(ctx, h.served(ctx), done.Load(), total.Load())
-		if !h.marked && !h.lost {
-			check = nil // not written: renew as before, and mark at the end
-		}
-		return h.marked || h.lost
-	}
 	for {
 		select {
-		case <-stop:
+		case <-h.stop:
 			return
 		case <-ctx.Done():
 			return
 		case <-allIn:
 			allIn = nil
-			c := time.NewTicker(100 * time.Millisecond)
-			defer c.Stop()
-			check = c.C
-			if mark() {
+			if h.g.cfg.stored == nil {
+				// Nothing to check the bytes against: they count as in.
+				h.finish(ctx, h.served(ctx), h.p.done.Load(), h.p.total.Load())
+				if h.marked || h.lost {
+					return
+				}
+			} else if h.list(ctx) {
 				return
 			}
 			continue
-		case <-check:
-			if mark() {
+		case <-list:
+			if h.list(ctx) {
 				return
 			}
 			continue
@@ -406,7 +442,7 @@ func (h *holding) renewWhileMoving(ctx context.Context, stop, allIn <-chan struc
 		if h.lost {
 			return
 		}
-		d, tot := done.Load(), total.Load()
+		d, tot := h.p.done.Load(), h.p.total.Load()
 		moved := d-last >= h.g.cfg.minProgress
 		if tot > 0 && d >= tot {
 			if allInAt.IsZero() {
@@ -429,6 +465,50 @@ func (h *holding) renewWhileMoving(ctx context.Context, stop, allIn <-chan struc
 		}
 		last = d
 	}
+}
+
+// listEvery is how often a holder looks for layers newly committed.
+const listEvery = 200 * time.Millisecond
+
+// list writes the layers committed since the last listing into the lease,
+// or, once every layer is, marks it. It says whether the lease is marked
+// (or lost) now: nothing more is written then.
+func (h *holding) list(ctx context.Context) bool {
+	if h.lost {
+		return true
+	}
+	layers, all := h.g.cfg.stored(ctx, h.ref)
+	if all {
+		select {
+		case <-h.p.allIn:
+			h.finish(ctx, h.served(ctx), h.p.done.Load(), h.p.total.Load())
+			return h.marked || h.lost
+		default:
+			// Stored, yet the pull has not said every byte is in: its
+			// progress is behind; the mark waits for it.
+		}
+	}
+	if len(layers) <= h.listed {
+		return false
+	}
+	if h.served(ctx) == StateUnserved {
+		// Listed, they would send the waiters to a mirror that cannot
+		// serve them: one takes the lease over instead.
+		h.finish(ctx, StateUnserved, h.p.done.Load(), h.p.total.Load())
+		return h.marked || h.lost
+	}
+	err := h.write(ctx, func(l *coordv1.Lease) {
+		now := metav1.NewMicroTime(time.Now())
+		l.Spec.RenewTime = &now // a layer landed: progress
+		l.Annotations[AnnotLayers] = strings.Join(layers, ",")
+		l.Annotations[AnnotProgress] = fmt.Sprintf("%d/%d", h.p.done.Load(), h.p.total.Load())
+	})
+	if err != nil {
+		h.g.cfg.logger.Debug("layers not listed", "lease", h.lease.Name, "err", err)
+		return h.lost
+	}
+	h.listed = len(layers)
+	return false
 }
 
 // finish marks the lease fetched, unserved or released.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/content"
@@ -19,10 +20,14 @@ import (
 // then pull it through their mirror). Fetch calls pull at most once, when
 // this node's turn comes, and returns its error; it returns without
 // calling it only when ctx ends. note says, for the status, why it waits.
+// await, where not nil, is asked before each layer blob is fetched: it
+// returns once a peer has it (or the node is to fetch it itself).
 type FetchGate interface {
-	Fetch(ctx context.Context, ref string, note func(detail string),
-		pull func(ctx context.Context, progress func(done, total int64)) error) error
+	Fetch(ctx context.Context, ref string, note func(detail string), pull GatedPull) error
 }
+
+// GatedPull is a pull the gate runs.
+type GatedPull = func(ctx context.Context, progress func(done, total int64), await func(ctx context.Context, layer string) error) error
 
 // WithFetchGate has every candidate's pull wait for its turn (default:
 // none; each pull starts at once).
@@ -39,9 +44,9 @@ func WithFetchGate(g FetchGate) Option {
 // gatedPull runs pull through the gate, if there is one; a wait's note
 // becomes the status's detail, and stays in it for the pull (which node
 // fetched, or why this one goes upstream).
-func (p *Provisioner) gatedPull(ctx context.Context, st *Status, ref string, pull func(ctx context.Context, progress func(done, total int64)) error) error {
+func (p *Provisioner) gatedPull(ctx context.Context, st *Status, ref string, pull GatedPull) error {
 	if p.opts.FetchGate == nil {
-		return pull(ctx, func(int64, int64) {})
+		return pull(ctx, func(int64, int64) {}, nil)
 	}
 	base := st.Detail
 	return p.opts.FetchGate.Fetch(ctx, ref, func(detail string) {
@@ -50,25 +55,30 @@ func (p *Provisioner) gatedPull(ctx context.Context, st *Status, ref string, pul
 	}, pull)
 }
 
-// ImageStored is the fetch gate's WithStored over rt: every layer of the
-// manifest ref names (for an index, of each child present) is committed
-// to rt's content store, where the node's Spegel serves it from.
-func ImageStored(rt *containerd.Runtime) func(ctx context.Context, ref string) bool {
-	return func(ctx context.Context, ref string) bool {
+// ImageStored is the fetch gate's WithStored over rt: the layers of the
+// manifest ref names (for an index, of each child present) committed to
+// rt's content store, where the node's Spegel serves them from, in the
+// manifests' order, and whether that is every one.
+func ImageStored(rt *containerd.Runtime) func(ctx context.Context, ref string) (layers []string, all bool) {
+	return func(ctx context.Context, ref string) ([]string, bool) {
 		i := strings.LastIndexByte(ref, '@')
 		if i < 0 {
-			return false
+			return nil, false
 		}
 		dg, err := digest.Parse(ref[i+1:])
 		if err != nil {
-			return false
+			return nil, false
 		}
 		ctx = namespaces.WithNamespace(ctx, rt.Namespace())
-		return blobsStored(ctx, rt.Client().ContentStore(), dg, 0)
+		var layers []string
+		all := blobsStored(ctx, rt.Client().ContentStore(), dg, 0, &layers)
+		return layers, all
 	}
 }
 
-func blobsStored(ctx context.Context, cs content.Store, dg digest.Digest, depth int) bool {
+// blobsStored appends to stored the layers of dg's manifest (or of its
+// index's children present) that are committed, and says whether all are.
+func blobsStored(ctx context.Context, cs content.Store, dg digest.Digest, depth int, stored *[]string) bool {
 	raw, err := content.ReadBlob(ctx, cs, ocispec.Descriptor{Digest: dg})
 	if err != nil {
 		return false
@@ -80,9 +90,14 @@ func blobsStored(ctx context.Context, cs content.Store, dg digest.Digest, depth 
 	if err := json.Unmarshal(raw, &m); err != nil {
 		return false
 	}
+	all := true
 	for _, l := range m.Layers {
 		if _, err := cs.Info(ctx, l.Digest); err != nil {
-			return false
+			all = false
+			continue
+		}
+		if !slices.Contains(*stored, l.Digest.String()) {
+			*stored = append(*stored, l.Digest.String())
 		}
 	}
 	children := 0
@@ -90,11 +105,11 @@ func blobsStored(ctx context.Context, cs content.Store, dg digest.Digest, depth 
 		if _, err := cs.Info(ctx, c.Digest); err != nil || depth > 0 {
 			continue // another platform's, not pulled
 		}
-		if !blobsStored(ctx, cs, c.Digest, depth+1) {
-			return false
+		if !blobsStored(ctx, cs, c.Digest, depth+1, stored) {
+			all = false
 		}
 		children++
 	}
 	// An index none of whose children is here has nothing stored yet.
-	return len(m.Layers) > 0 || children > 0
+	return all && (len(m.Layers) > 0 || children > 0)
 }

@@ -2,6 +2,7 @@ package provision_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,7 +27,7 @@ type stubGate struct {
 	skip   error // returned without pulling, when set
 }
 
-func (g *stubGate) Fetch(ctx context.Context, ref string, note func(string), pull func(context.Context, func(int64, int64)) error) error {
+func (g *stubGate) Fetch(ctx context.Context, ref string, note func(string), pull provision.GatedPull) error {
 	g.mu.Lock()
 	g.asked = append(g.asked, ref)
 	g.mu.Unlock()
@@ -37,7 +38,7 @@ func (g *stubGate) Fetch(ctx context.Context, ref string, note func(string), pul
 	g.mu.Lock()
 	g.pulled++
 	g.mu.Unlock()
-	return pull(ctx, func(int64, int64) {})
+	return pull(ctx, func(int64, int64) {}, nil)
 }
 
 // TestFetchGateOrdersEveryPull: every candidate's pull goes through the
@@ -104,17 +105,27 @@ func TestFetchGateOrdersEveryPull(t *testing.T) {
 }
 
 // TestImageStoredSeesCommittedLayers: against a real containerd, the fetch
-// gate's store check (fetchgate.WithStored) says no before the pull, yes
-// once every layer blob is committed, and no again when one of them goes.
+// gate's store check (fetchgate.WithStored) lists no layer before the pull,
+// every layer in the manifest's order once each blob is committed, and,
+// when one goes, the rest and not all.
 func TestImageStoredSeesCommittedLayers(t *testing.T) {
 	reg := testenv.Registry(t)
 	rt := testenv.Runtime(t, containerd.WithKeepLayers(true))
 	ctx := testenv.Context(rt)
-	layer, err := sandbox.RandomLayer(1 << 20)
-	if err != nil {
-		t.Fatal(err)
+	var layers []v1.Layer
+	var digests []string
+	for range 2 {
+		layer, err := sandbox.RandomLayer(1 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ld, err := layer.Digest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		layers, digests = append(layers, layer), append(digests, ld.String())
 	}
-	img, err := sandbox.Image(sandbox.ImageSpec{Layers: []v1.Layer{layer}})
+	img, err := sandbox.Image(sandbox.ImageSpec{Layers: layers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,26 +134,36 @@ func TestImageStoredSeesCommittedLayers(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref := reg.Host + "/stored@" + h.String()
-	ld, err := layer.Digest()
+	// The image's layers as its manifest orders them (sandbox.Image puts
+	// its own base first); the second step deletes the first of ours.
+	m, err := img.Manifest()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var all, rest []string
+	for _, l := range m.Layers {
+		all = append(all, l.Digest.String())
+		if l.Digest.String() != digests[0] {
+			rest = append(rest, l.Digest.String())
+		}
+	}
 	stored := provision.ImageStored(rt)
 	for _, step := range []struct {
-		name string
-		do   func() error
-		want bool
+		name    string
+		do      func() error
+		want    []string
+		wantAll bool
 	}{
-		{"before the pull", func() error { return nil }, false},
-		{"pulled", func() error { _, err := rt.Pull(ctx, ref, containerd.PullOptions{}); return err }, true},
-		{"a layer blob gone", func() error { return rt.Client().ContentStore().Delete(ctx, digest.Digest(ld.String())) }, false},
-		{"no digest", func() error { ref = reg.Host + "/stored:1"; return nil }, false},
+		{"before the pull", func() error { return nil }, nil, false},
+		{"pulled", func() error { _, err := rt.Pull(ctx, ref, containerd.PullOptions{}); return err }, all, true},
+		{"a layer blob gone", func() error { return rt.Client().ContentStore().Delete(ctx, digest.Digest(digests[0])) }, rest, false},
+		{"no digest", func() error { ref = reg.Host + "/stored:1"; return nil }, nil, false},
 	} {
 		if err := step.do(); err != nil {
 			t.Fatalf("%s: %v", step.name, err)
 		}
-		if got := stored(ctx, ref); got != step.want {
-			t.Errorf("%s: ImageStored = %v, want %v", step.name, got, step.want)
+		if got, all := stored(ctx, ref); !slices.Equal(got, step.want) || all != step.wantAll {
+			t.Errorf("%s: ImageStored = %v, %v; want %v, %v", step.name, got, all, step.want, step.wantAll)
 		}
 	}
 }

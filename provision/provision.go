@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
 
@@ -385,17 +386,21 @@ func (p *Provisioner) try(ctx context.Context, st *Status, pl *Plan, c images.Ca
 		st.State, st.Attempted, st.Detail = Pulling, c.Variant, "pulling "+c.Ref
 		p.emit(ctx, *st)
 		var pulled containerd.Pulled
-		err := p.gatedPull(ctx, st, c.Ref, func(ctx context.Context, gate func(done, total int64)) error {
+		err := p.gatedPull(ctx, st, c.Ref, func(ctx context.Context, gate func(done, total int64), await func(context.Context, string) error) error {
 			watch := p.watchPull(ctx, *st)
 			defer watch.stop()
-			var err error
-			pulled, err = p.rt.Pull(ctx, c.Ref, containerd.PullOptions{Platform: facts.Platform, MediaType: c.MediaType, Progress: func(pr containerd.Progress) {
+			opts := containerd.PullOptions{Platform: facts.Platform, MediaType: c.MediaType, Progress: func(pr containerd.Progress) {
 				watch.progress(pr)
 				gate(pr.Done, pr.Total)
 				if p.opts.Progress != nil {
 					p.opts.Progress(st.Key, pr)
 				}
-			}})
+			}}
+			if await != nil {
+				opts.AwaitLayer = func(ctx context.Context, l ocispec.Descriptor) error { return await(ctx, l.Digest.String()) }
+			}
+			var err error
+			pulled, err = p.rt.Pull(ctx, c.Ref, opts)
 			return err
 		})
 		if err != nil {

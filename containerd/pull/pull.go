@@ -41,6 +41,12 @@ type PullOptions struct {
 	// manifest was expected, and the reverse, before fetching anything
 	// below the root. "" checks nothing.
 	MediaType string
+	// AwaitLayer, when set, is asked before each layer blob is fetched and
+	// returns once the blob may be fetched (the fetch gate: once a peer
+	// holds it, so the node's mirror serves it); an error fails the pull.
+	// It never holds a download slot, so a layer that is ready is not held
+	// up behind one that is not.
+	AwaitLayer func(ctx context.Context, layer ocispec.Descriptor) error
 
 	// prefetch fetches and unpacks under the caller's lease and makes no
 	// image record (Prefetch).
@@ -95,7 +101,7 @@ func (r *Puller) Pull(ctx context.Context, ref string, opts PullOptions) (Pulled
 		client.WithPullLabels(labels),
 		client.WithImageHandler(images.HandlerFunc(tracker.observe)),
 		client.WithMaxConcurrentDownloads(4),
-	}, r.unpackOpts(strategy, r.newUnpacker(ctx, strategy, sr, staging, ref, tracker, r.storeLayers(ctx, strategy, ref)))...)
+	}, r.unpackOpts(strategy, r.newUnpacker(ctx, strategy, sr, staging, ref, tracker, r.storeLayers(ctx, strategy, ref), opts.AwaitLayer))...)
 	img, err := r.conn.Client.Pull(ctx, staging, pullOpts...)
 	stop(err == nil)
 	if err != nil && sr.refused != nil {

@@ -81,6 +81,12 @@ func (s source) addTo(ctx context.Context, cs content.Store, desc ocispec.Descri
 // whose fetch then finds it stored.
 func (u *unpacker) labelled(h images.Handler) images.Handler {
 	return images.HandlerFunc(func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+		if images.IsLayerType(desc.MediaType) {
+			// containerd's own unpack: its layers come through here.
+			if err := u.awaitLayer(ctx, desc); err != nil {
+				return nil, err
+			}
+		}
 		fetcher, err := u.resolver.Fetcher(ctx, u.name)
 		if err != nil {
 			return nil, fmt.Errorf("fetcher: %w", err)

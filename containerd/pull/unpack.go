@@ -202,13 +202,16 @@ type unpacker struct {
 	// zstd is the pull's share of the zstd decoders' budget, claimed by
 	// its zstd layers before they start (parallel unpack).
 	zstd *semaphore.Weighted
+	// await is PullOptions.AwaitLayer (nil: none).
+	await func(context.Context, ocispec.Descriptor) error
 }
 
-func (r *Puller) newUnpacker(ctx context.Context, s unpackStrategy, res remotes.Resolver, name, ref string, t *tracker, keep bool) *unpacker {
+func (r *Puller) newUnpacker(ctx context.Context, s unpackStrategy, res remotes.Resolver, name, ref string, t *tracker, keep bool, await func(context.Context, ocispec.Descriptor) error) *unpacker {
 	c := r.conn.Client
 	return &unpacker{r: r, content: r.store(ctx), snapshots: c.SnapshotService(r.conn.Snapshotter),
 		snapshotter: r.conn.Snapshotter, leases: c.LeasesService(), diff: c.DiffService(),
-		strategy: s, resolver: res, name: name, source: newSource(ref), tracker: t, keep: keep, zstd: semaphore.NewWeighted(zstdWindowBudget)}
+		strategy: s, resolver: res, name: name, source: newSource(ref), tracker: t, keep: keep, zstd: semaphore.NewWeighted(zstdWindowBudget),
+		await: await}
 }
 
 // wrap takes a manifest's layers out of its children, so that containerd's
@@ -257,6 +260,18 @@ func (u *unpacker) wrap(h images.Handler) images.Handler {
 		}
 		return children, nil
 	})
+}
+
+// awaitLayer waits, where the pull was given a wait, until desc may be
+// fetched.
+func (u *unpacker) awaitLayer(ctx context.Context, desc ocispec.Descriptor) error {
+	if u.await == nil {
+		return nil
+	}
+	if err := u.await(ctx, desc); err != nil {
+		return fmt.Errorf("layer %s: waiting for its turn: %w", desc.Digest, err)
+	}
+	return nil
 }
 
 // layer is one layer's unpacking.
@@ -380,6 +395,13 @@ func (u *unpacker) unpack(ctx context.Context, config ocispec.Descriptor, descs 
 		go func() {
 			defer wg.Done()
 			defer close(l.fetched)
+			if err := u.awaitLayer(ctx, l.desc); err != nil {
+				l.fetchErr = err
+				if l.stream != nil {
+					l.stream.finish(err)
+				}
+				return
+			}
 			if err := dlSem.Acquire(ctx, 1); err != nil {
 				l.fetchErr = err
 				if l.stream != nil {

@@ -176,12 +176,12 @@ type timedGate struct {
 	b *BenchNode
 }
 
-func (t timedGate) Fetch(ctx context.Context, ref string, note func(string), pull func(context.Context, func(int64, int64)) error) error {
-	timed := func(ctx context.Context, progress func(int64, int64)) error {
+func (t timedGate) Fetch(ctx context.Context, ref string, note func(string), pull provision.GatedPull) error {
+	timed := func(ctx context.Context, progress func(int64, int64), await func(context.Context, string) error) error {
 		t.b.mu.Lock()
 		t.b.ph.PullStart = time.Now()
 		t.b.mu.Unlock()
-		err := pull(ctx, progress)
+		err := pull(ctx, progress, await)
 		t.b.mu.Lock()
 		t.b.ph.PullEnd = time.Now()
 		if t.b.ph.LastByte.IsZero() {
@@ -191,7 +191,7 @@ func (t timedGate) Fetch(ctx context.Context, ref string, note func(string), pul
 		return err
 	}
 	if t.g == nil {
-		return timed(ctx, func(int64, int64) {})
+		return timed(ctx, func(int64, int64) {}, nil)
 	}
 	return t.g.Fetch(ctx, ref, note, timed)
 }

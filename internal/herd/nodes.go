@@ -90,7 +90,7 @@ type noting struct {
 	n *Node
 }
 
-func (w noting) Fetch(ctx context.Context, ref string, note func(string), pull func(context.Context, func(int64, int64)) error) error {
+func (w noting) Fetch(ctx context.Context, ref string, note func(string), pull provision.GatedPull) error {
 	return w.g.Fetch(ctx, ref, func(s string) {
 		w.n.note(s)
 		note(s)
