@@ -167,8 +167,10 @@ bench: build
 # simulated nodes, each its containerd and a real Spegel, one counting
 # upstream, one kube-apiserver for the fetch gate; gpupin vs ctr on every
 # node vs one node alone, images from upstream and makespan, against
-# containerd 2.4.2 and 1.7.35. Writes its section of bench/results.md.
-# GPUPIN_HERD_NODES="4 8", GPUPIN_HERD_MB=288 to change the herd.
+# containerd 2.4.2 and 1.7.35, over an unlimited upstream (the CPUs bound
+# it) and over one 20 MB/s link the nodes share (the link bounds it).
+# Writes its section of bench/results.md. GPUPIN_HERD_NODES="4 8",
+# GPUPIN_HERD_MB=288, GPUPIN_HERD_LINK="0 20" to change the herd.
 bench-herd: require-root
 	GO=$(GO) HERD_CONTAINERDS="$(CONTAINERD2) $(CONTAINERD17)" ./scripts/bench-herd.sh
 

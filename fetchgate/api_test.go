@@ -292,23 +292,35 @@ func helperHolder(kc, ref string) error {
 	return g.Fetch(context.Background(), ref, func(s string) { fmt.Println("NOTE", s) }, pull)
 }
 
-// TestHolderKilledMidFetch: the fetching node's process is killed (no
-// release); a waiting node takes over within the lease's duration.
-func TestHolderKilledMidFetch(t *testing.T) {
-	c := kubetest.StartT(t, manifests, users()...)
-	dg, ref := digestFor(t)
+// startHelper starts this test binary as helperHolder, node n1, fetching
+// ref, with env added; it is killed at the test's end. out collects what
+// it prints.
+func startHelper(t *testing.T, c *kubetest.Cluster, ref string, env ...string) (*exec.Cmd, *strings.Builder) {
+	t.Helper()
 	kc, err := c.Kubeconfig("gpupin:agent:n1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), "FETCHGATE_HELPER_KUBECONFIG="+kc, "FETCHGATE_HELPER_REF="+ref)
+	cmd.Env = append(append(os.Environ(), "FETCHGATE_HELPER_KUBECONFIG="+kc, "FETCHGATE_HELPER_REF="+ref), env...)
 	out := &strings.Builder{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return cmd, out
+}
+
+// TestHolderKilledMidFetch: the fetching node's process is killed (no
+// release); a waiting node takes over within the lease's duration.
+func TestHolderKilledMidFetch(t *testing.T) {
+	c := kubetest.StartT(t, manifests, users()...)
+	dg, ref := digestFor(t)
+	cmd, out := startHelper(t, c, ref)
 	leases := nodeClient(t, c, "n0").CoordinationV1().Leases(ns)
 	// Held, and renewed at least once: it is mid-fetch.
 	deadline := time.Now().Add(30 * time.Second)

@@ -3,8 +3,6 @@ package fetchgate_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -146,18 +144,7 @@ func TestFollowerTakesOverMidPull(t *testing.T) {
 	c := kubetest.StartT(t, manifests, users()...)
 	dg, ref := digestFor(t)
 	const listed = 3
-	kc, err := c.Kubeconfig("gpupin:agent:n1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), "FETCHGATE_HELPER_KUBECONFIG="+kc, "FETCHGATE_HELPER_REF="+ref, "FETCHGATE_HELPER_LAYERS="+strconv.Itoa(listed))
-	out := &strings.Builder{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
+	cmd, out := startHelper(t, c, ref, "FETCHGATE_HELPER_LAYERS="+strconv.Itoa(listed))
 	// n1 holds before the followers ask.
 	leases := nodeClient(t, c, "n0").CoordinationV1().Leases(ns)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {

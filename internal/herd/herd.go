@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
+	"golang.org/x/time/rate"
 
 	"github.com/gpupin/gpupin/internal/testenv"
 )
@@ -117,15 +118,17 @@ func Spegel() string { return filepath.Join(testenv.ToolsDir(), "spegel") }
 
 // Upstream is the registry the images come from: go-containerregistry's
 // on loopback, counting the blob bytes it serves (what a fleet pays its
-// registry for), optionally at a bounded rate (a slow link, so a test can
-// act while a pull is under way).
+// registry for), optionally at a bounded rate per response (a slow link,
+// so a test can act while a pull is under way) or over all of them (the
+// fleet's one link to its registry, which every node's fetch shares).
 type Upstream struct {
 	Host string // 127.0.0.1 (port 80)
 
 	srv       *http.Server
 	handler   http.Handler
 	blobBytes atomic.Int64
-	rate      atomic.Int64 // bytes per second per response; 0: no limit
+	rate      atomic.Int64                 // bytes per second per response; 0: no limit
+	link      atomic.Pointer[rate.Limiter] // bytes per second over all responses; nil: no limit
 }
 
 // StartUpstream serves a registry on 127.0.0.1:80 (in the herd's own
@@ -168,6 +171,20 @@ func (u *Upstream) ResetCount() { u.blobBytes.Store(0) }
 // SetRate limits each blob response to bps bytes a second (0: none).
 func (u *Upstream) SetRate(bps int64) { u.rate.Store(bps) }
 
+// SetLink limits the blob bytes of all responses together to bps a second
+// (0: none): the upstream link, not the nodes' CPUs, bounds a rollout then,
+// as it does a fleet's pulls of a 20 GB image.
+func (u *Upstream) SetLink(bps int64) {
+	if bps <= 0 {
+		u.link.Store(nil)
+		return
+	}
+	u.link.Store(rate.NewLimiter(rate.Limit(bps), linkChunk))
+}
+
+// linkChunk is what a response writes at a time under a rate.
+const linkChunk = 64 << 10
+
 // Close stops the registry.
 func (u *Upstream) Close() error { return u.srv.Close() }
 
@@ -184,11 +201,17 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 		if bps := c.u.rate.Load(); bps > 0 {
 			// 64 KiB at a time, each after its share of a second: the
 			// limit holds for every response, whatever its size.
-			chunk = p[:min(len(p), 64<<10)]
+			chunk = p[:min(len(p), linkChunk)]
 			select {
 			case <-time.After(time.Duration(int64(len(chunk)) * int64(time.Second) / bps)):
 			case <-c.ctx.Done():
 				return written, c.ctx.Err()
+			}
+		}
+		if l := c.u.link.Load(); l != nil {
+			chunk = chunk[:min(len(chunk), linkChunk)]
+			if err := l.WaitN(c.ctx, len(chunk)); err != nil {
+				return written, err
 			}
 		}
 		n, err := c.ResponseWriter.Write(chunk)

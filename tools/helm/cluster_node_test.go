@@ -214,6 +214,7 @@ func tools() string {
 // fails with what ok last said.
 func waitFor(t *testing.T, limit time.Duration, what string, ok func() (bool, string)) {
 	t.Helper()
+	lastWait = what
 	deadline := time.Now().Add(limit)
 	for {
 		done, last := ok()
@@ -221,8 +222,13 @@ func waitFor(t *testing.T, limit time.Duration, what string, ok func() (bool, st
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s: %s", what, limit, last)
+			lastWait = fmt.Sprintf("%s: not after %s: %s", what, limit, last)
+			t.Fatalf("%s", lastWait)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
 }
+
+// lastWait is the wait begun last, or how it failed: said again after the
+// daemons' logs at a failure, where CI's tail of the output shows it.
+var lastWait string

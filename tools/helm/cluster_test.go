@@ -139,6 +139,7 @@ func TestClusterSimulated(t *testing.T) {
 			for _, f := range []string{"kube-controller-manager.log", "kube-scheduler.log", "nfd-master.log"} {
 				t.Logf("%s:\n%s", f, tailFile(filepath.Join(c.Dir, f)))
 			}
+			t.Logf("the test failed (its first failure is above these logs); the last wait: %s", lastWait)
 		}
 	})
 
